@@ -1,0 +1,462 @@
+"""``specdeck bench``: every method side by side on Spec-Bench prompts, measured honestly.
+
+Methods run interleaved per prompt in one process (the order rotates from prompt to prompt), so
+every speedup is a ratio of runs taken minutes apart on the same machine state. Each run starts
+from an empty KV cache (nothing is cached between methods), a warm-up run per method is excluded,
+and multi-turn prompts are played turn by turn with each method's own answers through the chat
+template. Peers are llama-cpp-python's own ``Llama.generate`` (``peer-llamacpp``) and its built-in
+prompt lookup (``peer-llamacpp-pld``), on the same model file and thread count.
+
+Besides speed, every record says whether the output matches plain greedy decoding (``ar``) and,
+where it does not, the target's top-1 minus top-2 logit margin at the first differing token: a
+tiny margin is a numerical near-tie between batched and one-token evaluation, a large one a bug.
+``ideal_speedup`` is what the measured tau would give if the only costs were the measured target
+forwards and draft time: measured speedup / ideal shows how much the Python loop eats.
+
+On a shared machine another busy process distorts timings; each run records how much CPU other
+processes used meanwhile (``other_cpu``, in cores) and the summary warns when it was high.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Sequence, TextIO
+
+import numpy as np
+import psutil
+
+from backends.core.errors import SpecDeckError
+from backends.core.sampling import apply_repeat_penalty
+from backends.core.types import Finished, GenerationSettings, Proposal, RunStats, SamplingSettings
+from backends.factory import Session, SessionConfig
+from backends.models.chat import Message
+
+SPEC_BENCH = Path("shared") / "benchmarks" / "spec_bench" / "question.jsonl"
+MT_BENCH_SUBCATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+PEERS = ("peer-llamacpp", "peer-llamacpp-pld")
+NOISY_OTHER_CPU = 0.15  # cores used by other processes during a run before we call it noisy
+
+
+def spec_bench_category(raw: str) -> str:
+    """Spec-Bench's six categories: the eight MT-bench sub-categories count as ``mt_bench``."""
+    return "mt_bench" if raw in MT_BENCH_SUBCATEGORIES else raw
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    question_id: int
+    category: str
+    turns: tuple[str, ...]
+
+
+def default_prompts() -> Path:
+    """Spec-Bench's question file, looked for in ../shared next to the checkout or the cwd."""
+    candidates = [Path(__file__).resolve().parents[2] / SPEC_BENCH, Path.cwd().parent / SPEC_BENCH, Path.cwd() / SPEC_BENCH]
+    for path in candidates:
+        if path.exists():
+            return path
+    raise SpecDeckError(f"Spec-Bench prompts not found (looked for ../{SPEC_BENCH}); pass --prompts FILE")
+
+
+def load_prompts(path: Path, *, per_category: int, categories: Sequence[str] | None = None,
+                 skip: int = 0) -> list[BenchPrompt]:
+    """``per_category`` prompts per category, evenly spread over each category's questions.
+
+    ``skip`` shifts the selection (to pick questions disjoint from another run's).
+    """
+    if not path.exists():
+        raise SpecDeckError(f"prompt file not found: {path}")
+    by_cat: dict[str, list[BenchPrompt]] = {}
+    with path.open() as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                prompt = BenchPrompt(int(row["question_id"]), spec_bench_category(row["category"]), tuple(row["turns"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SpecDeckError(f"{path}:{line_no} is not a Spec-Bench record ({exc})") from exc
+            by_cat.setdefault(prompt.category, []).append(prompt)
+    wanted = list(categories) if categories else list(by_cat)
+    unknown = [c for c in wanted if c not in by_cat]
+    if unknown:
+        raise SpecDeckError(f"unknown categories {unknown}; the file has {sorted(by_cat)}")
+    chosen = []
+    for cat in wanted:
+        rows = sorted(by_cat[cat], key=lambda p: p.question_id)
+        stride = max(1, len(rows) // max(per_category, 1))
+        picks = [rows[(i * stride + skip) % len(rows)] for i in range(min(per_category, len(rows)))]
+        chosen.extend(picks)
+    return chosen
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str
+    methods: tuple[str, ...]
+    draft_model: str | None = None
+    prompts: Path | None = None  # None: Spec-Bench from ../shared
+    per_category: int = 10
+    categories: tuple[str, ...] | None = None
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    repeats: int = 1
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    method_settings: dict = field(default_factory=dict)  # method -> {setting: value}
+
+
+@dataclass(frozen=True)
+class TurnRun:
+    prompt: list[int]
+    tokens: list[int]
+    text: str
+    stats: RunStats
+    other_cpu: float
+
+
+# -- runners -------------------------------------------------------------------------------------
+class CpuWatch:
+    """CPU used by *other* processes while a block runs, in cores (0.0 on a quiet machine)."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process()
+
+    def __enter__(self) -> CpuWatch:
+        self._t = time.perf_counter()
+        self._sys = psutil.cpu_times()
+        self._mine = self._proc.cpu_times()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall = max(time.perf_counter() - self._t, 1e-9)
+        sys_now, mine_now = psutil.cpu_times(), self._proc.cpu_times()
+        busy = (sys_now.user + sys_now.system) - (self._sys.user + self._sys.system)
+        mine = (mine_now.user + mine_now.system) - (self._mine.user + self._mine.system)
+        self.other_cores = max(0.0, (busy - mine) / wall)
+
+
+class EngineRunner:
+    """One SpecDeck method through the engine."""
+
+    def __init__(self, session: Session, method: str, settings: dict) -> None:
+        self.session, self.method, self.settings = session, method, settings
+
+    def run(self, prompt: list[int], gen: GenerationSettings) -> TurnRun:
+        self.session.reset()  # nothing cached between methods
+        with CpuWatch() as watch:
+            finished = None
+            for event in self.session.generate(self.method, prompt, gen, method_settings=self.settings):
+                if isinstance(event, Finished):
+                    finished = event
+        assert finished is not None
+        return TurnRun(prompt, list(finished.tokens), finished.text, finished.stats, watch.other_cores)
+
+
+class PeerRunner:
+    """llama-cpp-python's high-level ``Llama.generate``, optionally with its prompt lookup."""
+
+    def __init__(self, session: Session, method: str) -> None:
+        import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding() if method == "peer-llamacpp-pld" else None
+        self.method = method
+        self.session = session
+        self.llm = llama_cpp.Llama(
+            model_path=str(session.model.path), n_ctx=session.target.n_ctx, n_threads=session.target.n_threads,
+            n_threads_batch=session.target.n_threads, n_batch=session.target.n_batch, draft_model=draft, verbose=False,
+            # With a draft model, Llama always computes logits for every token but sizes its score
+            # buffer from this flag; without it, prompts longer than n_batch crash (0.3.36).
+            logits_all=draft is not None,
+        )
+
+    def run(self, prompt: list[int], gen: GenerationSettings) -> TurnRun:
+        s = gen.sampling
+        eog = self.session.model.eog_ids
+        tokens: list[int] = []
+        self.llm.reset()
+        with CpuWatch() as watch:
+            start = time.perf_counter()
+            first = start
+            for token in self.llm.generate(prompt, temp=s.temperature, top_k=s.top_k if not s.greedy else 1,
+                                           top_p=s.top_p, min_p=s.min_p, repeat_penalty=s.repeat_penalty, reset=True):
+                if not tokens:
+                    first = time.perf_counter()
+                tokens.append(token)
+                if token in eog or len(tokens) >= gen.max_new_tokens:
+                    break
+            end = time.perf_counter()
+        text = self.session.model.detokenize(tokens)
+        reason = "eos" if tokens and tokens[-1] in eog else "length"
+        stats = RunStats(
+            method=self.method, prompt_tokens=len(prompt), reused_tokens=0, new_tokens=len(tokens), forwards=0,
+            drafted=0, accepted=0, prefill_s=0.0, ttft_s=first - start, decode_s=end - first, first_step_tokens=1,
+            draft_s=0.0, verify_s=0.0, accept_s=0.0, drafted_at=(), accepted_at=(), finish_reason=reason,
+        )
+        return TurnRun(prompt, tokens, text, stats, watch.other_cores)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+# -- playing prompts -------------------------------------------------------------------------------
+def play(runner, session: Session, prompt: BenchPrompt, gen: GenerationSettings) -> list[TurnRun]:
+    """All turns of a prompt, each answered with the runner's own previous answers."""
+    messages: list[Message] = []
+    runs = []
+    for turn in prompt.turns:
+        messages.append({"role": "user", "content": turn})
+        tokens = session.model.chat_prompt(messages)
+        room = session.target.n_ctx - len(tokens) - 1
+        if room < 1:
+            raise SpecDeckError(f"question {prompt.question_id} does not fit the {session.target.n_ctx}-token context")
+        run = runner.run(tokens, replace(gen, max_new_tokens=min(gen.max_new_tokens, room)))
+        runs.append(run)
+        messages.append({"role": "assistant", "content": run.text})
+    return runs
+
+
+def logit_margin(session: Session, context: list[int], sampling: SamplingSettings) -> tuple[float, int, int]:
+    """Target's (top-1 minus top-2 logit, top-1, top-2) after ``context``, one-token evaluation."""
+    target = session.target
+    target.reset()
+    target.prefill(context[:-1])
+    row = target.verify(context[-1], Proposal()).logits[0]
+    target.reset()
+    row = apply_repeat_penalty(row, context, sampling)
+    top2 = np.argsort(-row)[:2]
+    return float(row[top2[0]] - row[top2[1]]), int(top2[0]), int(top2[1])
+
+
+def divergence(session: Session, runs: list[TurnRun], reference: list[TurnRun], sampling: SamplingSettings) -> dict | None:
+    """Where a method's output first leaves ``ar``'s, and how close the target was to a tie."""
+    for turn, (mine, ref) in enumerate(zip(runs, reference)):
+        if mine.tokens == ref.tokens:
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(mine.tokens, ref.tokens)) if a != b), min(len(mine.tokens), len(ref.tokens)))
+        context = ref.prompt + ref.tokens[:i]
+        margin, top1, top2 = logit_margin(session, context, sampling)
+        got = mine.tokens[i] if i < len(mine.tokens) else None
+        return {"turn": turn, "position": i, "margin": margin, "token": got,
+                "ar_token": ref.tokens[i] if i < len(ref.tokens) else None, "target_top2": [top1, top2]}
+    return None
+
+
+# -- records and summaries ----------------------------------------------------------------------------
+def _sum(runs: Iterable[TurnRun], attr: str) -> float:
+    return sum(getattr(r.stats, attr) for r in runs)
+
+
+def decode_rate(runs: list[TurnRun]) -> float:
+    tokens = sum(r.stats.new_tokens - r.stats.first_step_tokens for r in runs)
+    seconds = _sum(runs, "decode_s")
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
+def make_record(method: str, prompt: BenchPrompt, repeats: list[list[TurnRun]], ar: list[list[TurnRun]] | None,
+                div: dict | None, peer: bool) -> dict:
+    runs = repeats[0]
+    rates = [decode_rate(r) for r in repeats]
+    rate = statistics.median(rates)
+    forwards = _sum(runs, "forwards")
+    drafted, accepted = _sum(runs, "drafted"), _sum(runs, "accepted")
+    new_tokens = int(_sum(runs, "new_tokens"))
+    tau = new_tokens / forwards if forwards else float("nan")
+    record = {
+        "method": method, "category": prompt.category, "question_id": prompt.question_id,
+        "decode_tok_s": rate, "decode_tok_s_runs": rates, "speedup": float("nan"), "ideal_speedup": float("nan"),
+        "tau": tau, "acceptance_rate": accepted / drafted if drafted else float("nan"),
+        "drafted": drafted, "accepted": accepted, "new_tokens": new_tokens, "forwards": forwards,
+        "ttft_s": runs[0].stats.ttft_s, "draft_s": _sum(runs, "draft_s"), "verify_s": _sum(runs, "verify_s"),
+        "accept_s": _sum(runs, "accept_s"), "accepted_at": _merge(runs, "accepted_at"), "drafted_at": _merge(runs, "drafted_at"),
+        "matches_ar": div is None, "divergence_margin": None if div is None else div["margin"], "divergence": div,
+        "other_cpu": max(r.other_cpu for rs in repeats for r in rs), "finish_reasons": [r.stats.finish_reason for r in runs],
+        "text": "\n\n".join(r.text for r in runs), "peer": peer,
+    }
+    if ar is not None:
+        ar_rate = statistics.median(decode_rate(r) for r in ar)
+        record["speedup"] = rate / ar_rate if ar_rate > 0 else float("nan")
+        ar_forward = _sum(ar[0], "verify_s") / max(_sum(ar[0], "forwards"), 1)
+        per_step = (record["verify_s"] + record["draft_s"]) / forwards if forwards else float("nan")
+        record["ideal_speedup"] = tau * ar_forward / per_step if forwards and per_step > 0 else float("nan")
+    return record
+
+
+def _merge(runs: list[TurnRun], attr: str) -> list[int]:
+    total: list[int] = []
+    for r in runs:
+        values = getattr(r.stats, attr)
+        total.extend([0] * (len(values) - len(total)))
+        for i, v in enumerate(values):
+            total[i] += v
+    return total
+
+
+def summarize(records: list[dict], methods: Sequence[str]) -> dict:
+    """Per method, per category and overall: throughput, speedup, tau, acceptance, exact match."""
+    cats = sorted({r["category"] for r in records})
+    out: dict = {}
+    for m in methods:
+        out[m] = {}
+        for cat in cats + ["overall"]:
+            rows = [r for r in records if r["method"] == m and (cat == "overall" or r["category"] == cat)]
+            if rows:
+                out[m][cat] = _group(rows, [r for r in records if r["method"] == "ar" and (cat == "overall" or r["category"] == cat)])
+    return out
+
+
+def _group(rows: list[dict], ar_rows: list[dict]) -> dict:
+    def rate(rs: list[dict]) -> float:
+        tokens = sum(r["new_tokens"] for r in rs)
+        seconds = sum(r["new_tokens"] / r["decode_tok_s"] for r in rs if r["decode_tok_s"] and r["decode_tok_s"] == r["decode_tok_s"])
+        return tokens / seconds if seconds else float("nan")
+
+    speedups = [r["speedup"] for r in rows if not math.isnan(r["speedup"])]
+    ideals = [r["ideal_speedup"] for r in rows if not math.isnan(r["ideal_speedup"])]
+    drafted = sum(r["drafted"] for r in rows)
+    forwards = sum(r["forwards"] for r in rows)
+    accepted_at, drafted_at = _sum_lists(rows, "accepted_at"), _sum_lists(rows, "drafted_at")
+    group = {
+        "prompts": len(rows),
+        "decode_tok_s": rate(rows),
+        "speedup": rate(rows) / rate(ar_rows) if ar_rows else float("nan"),
+        "mean_prompt_speedup": statistics.fmean(speedups) if speedups else float("nan"),
+        "ideal_speedup": statistics.fmean(ideals) if ideals else float("nan"),
+        "tau": sum(r["new_tokens"] for r in rows) / forwards if forwards else float("nan"),
+        "acceptance_rate": sum(r["accepted"] for r in rows) / drafted if drafted else float("nan"),
+        "acceptance_by_position": [a / d if d else None for a, d in zip(accepted_at, drafted_at)],
+        "draft_s": sum(r["draft_s"] for r in rows),
+        "verify_s": sum(r["verify_s"] for r in rows),
+        "exact_match_rate": sum(r["matches_ar"] for r in rows) / len(rows),
+        "divergence_margins": [r["divergence_margin"] for r in rows if r["divergence_margin"] is not None],
+        "noisy_runs": sum(r["other_cpu"] > NOISY_OTHER_CPU for r in rows),
+    }
+    group["efficiency"] = group["mean_prompt_speedup"] / group["ideal_speedup"] if ideals else float("nan")
+    return group
+
+
+def _sum_lists(rows: list[dict], key: str) -> list[int]:
+    total: list[int] = []
+    for r in rows:
+        total.extend([0] * (len(r[key]) - len(total)))
+        for i, v in enumerate(r[key]):
+            total[i] += v
+    return total
+
+
+def markdown(summary: dict, methods: Sequence[str]) -> str:
+    """Two tables: speedup per category, then the details of the overall row."""
+    cats = sorted({c for m in summary.values() for c in m if c != "overall"}) + ["overall"]
+    lines = ["| method | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
+    for m in methods:
+        cells = [_fmt(summary[m].get(c, {}).get("speedup"), "{:.2f}x") for c in cats]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    lines += ["", "| method | tok/s | speedup | ideal | efficiency | tau | acceptance | by position | draft s | verify s | exact match | divergence margins | noisy runs |",
+              "|---" * 13 + "|"]
+    for m in methods:
+        g = summary[m]["overall"]
+        by_pos = " ".join(_fmt(a, "{:.2f}") for a in g["acceptance_by_position"][:8]) or "-"
+        margins = ", ".join(f"{x:.3f}" for x in g["divergence_margins"][:6]) or "-"
+        lines.append(
+            f"| {m} | {_fmt(g['decode_tok_s'], '{:.1f}')} | {_fmt(g['speedup'], '{:.2f}x')} | {_fmt(g['ideal_speedup'], '{:.2f}x')} "
+            f"| {_fmt(g['efficiency'], '{:.2f}')} | {_fmt(g['tau'], '{:.2f}')} | {_fmt(g['acceptance_rate'], '{:.0%}')} | {by_pos} "
+            f"| {g['draft_s']:.1f} | {g['verify_s']:.1f} | {g['exact_match_rate']:.0%} | {margins} | {g['noisy_runs']} |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(value, pattern: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return pattern.format(value)
+
+
+def _clean(obj):
+    """JSON without NaN: NaN becomes null."""
+    if isinstance(obj, float):
+        return None if math.isnan(obj) or math.isinf(obj) else obj
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+# -- the whole benchmark ---------------------------------------------------------------------------
+def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> dict:
+    methods = list(config.methods)
+    if "ar" not in methods:
+        methods.insert(0, "ar")  # every speedup is relative to plain decoding
+    prompts = load_prompts(config.prompts or default_prompts(), per_category=config.per_category, categories=config.categories)
+    sampling = SamplingSettings(temperature=config.temperature, seed=config.seed)
+    gen = GenerationSettings(max_new_tokens=config.max_new_tokens, sampling=sampling)
+    session = Session(SessionConfig(model=config.model, draft_model=config.draft_model, n_ctx=config.n_ctx,
+                                    n_threads=config.n_threads))
+    try:
+        return _run(session, config, methods, prompts, gen, out, progress)
+    finally:
+        session.close()
+
+
+def _run(session: Session, config: BenchConfig, methods: list[str], prompts: list[BenchPrompt],
+         gen: GenerationSettings, out: TextIO, progress: TextIO) -> dict:
+    costs = session.costs()
+    draft_cost = session.draft_cost()
+    runners = {m: PeerRunner(session, m) if m in PEERS else EngineRunner(session, m, config.method_settings.get(m, {}))
+               for m in methods}
+    print(f"verify cost curve (relative to one token): {', '.join(f'{c:.2f}' for c in costs)}", file=progress)
+    for m, runner in runners.items():  # warm-up, excluded from every figure
+        play(runner, session, BenchPrompt(0, "warmup", ("Say hello.",)), replace(gen, max_new_tokens=16))
+    records = []
+    started = time.perf_counter()
+    for index, prompt in enumerate(prompts):
+        order = methods[index % len(methods):] + methods[: index % len(methods)]
+        results: dict[str, list[list[TurnRun]]] = {m: [] for m in methods}
+        for _ in range(config.repeats):
+            for m in order:
+                results[m].append(play(runners[m], session, prompt, gen))
+        for m in methods:
+            div = None if m == "ar" else divergence(session, results[m][0], results["ar"][0], gen.sampling)
+            records.append(make_record(m, prompt, results[m], results["ar"], div, m in PEERS))
+        elapsed = time.perf_counter() - started
+        print(f"[{index + 1}/{len(prompts)}] {prompt.category} q{prompt.question_id}: "
+              + ", ".join(f"{r['method']} {r['speedup']:.2f}x" for r in records[-len(methods):]) + f" ({elapsed:.0f} s)",
+              file=progress, flush=True)
+    for runner in runners.values():
+        if isinstance(runner, PeerRunner):
+            runner.close()
+    summary = summarize(records, methods)
+    print(markdown(summary, methods), file=out)
+    noisy = sum(r["other_cpu"] > NOISY_OTHER_CPU for r in records)
+    if noisy:
+        print(f"\nwarning: {noisy} of {len(records)} runs shared the CPU with another busy process "
+              f"(> {NOISY_OTHER_CPU} cores); their timings are suspect", file=out)
+    meta = {"model": config.model, "model_path": str(session.model.path), "draft_model": config.draft_model,
+            "methods": methods, "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
+            "per_category": config.per_category, "repeats": config.repeats, "n_threads": session.target.n_threads,
+            "verify_costs": list(costs), "draft_cost": draft_cost, "prompts": len(prompts)}
+    return {"meta": meta, "summary": _clean(summary), "records": _clean(records)}
+
+
+def write_json(result: dict, path: Path) -> None:
+    path.write_text(json.dumps(result, indent=1))
+
+
+CSV_FIELDS = ["method", "category", "question_id", "decode_tok_s", "speedup", "ideal_speedup", "tau",
+              "acceptance_rate", "new_tokens", "matches_ar", "divergence_margin", "other_cpu", "ttft_s"]
+
+
+def write_csv(result: dict, path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(result["records"])

@@ -1,0 +1,133 @@
+"""``specdeck chat``: an interactive terminal chat that streams answers and measures every one.
+
+Each answer is followed by a stats line: method, decode tokens/s (time to first token excluded),
+acceptance rate, tau, time to first token. Ctrl+C stops the current answer within one engine
+step and keeps the conversation; Ctrl+D (or /quit) leaves. The conversation is re-rendered
+through the model's chat template every turn; the target reuses the KV cache of the common
+prefix, so earlier turns are not computed again.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from backends.core.errors import SpecDeckError
+from backends.core.types import Finished, GenerationSettings, RunStats, Step
+from backends.drafters import REGISTRY
+from backends.factory import Session
+from backends.models.chat import Message
+
+HELP = """commands:
+  /new            start a new conversation
+  /method NAME    switch method ({methods})
+  /system TEXT    set the system prompt (starts a new conversation)
+  /quit           leave (Ctrl+D works too); Ctrl+C stops an answer"""
+
+
+def format_stats(stats: RunStats) -> str:
+    """One line a person can read at a glance."""
+    parts = [stats.method or "?"]
+    if stats.decode_tok_s == stats.decode_tok_s:  # not NaN
+        parts.append(f"{stats.decode_tok_s:.1f} tok/s decode")
+    if stats.drafted:
+        parts.append(f"acceptance {stats.acceptance_rate:.0%}")
+    parts.append(f"tau {stats.tau:.2f}")
+    parts.append(f"TTFT {stats.ttft_s * 1000:.0f} ms")
+    parts.append(f"{stats.new_tokens} tokens")
+    if stats.finish_reason not in ("eos", "stop"):
+        parts.append(f"stopped: {stats.finish_reason}")
+    return "[" + " · ".join(parts) + "]"
+
+
+@dataclass
+class ChatState:
+    method: str
+    system: str | None = None
+    messages: list[Message] = field(default_factory=list)
+
+    def conversation(self) -> list[Message]:
+        head: list[Message] = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.messages
+
+
+def answer(session: Session, state: ChatState, settings: GenerationSettings, out: TextIO) -> RunStats | None:
+    """Stream one answer to ``out``; Ctrl+C cancels it. Returns its stats (None on error)."""
+    fmt = session.model.chat_format
+    prompt = session.model.chat_prompt(state.conversation())
+    settings = GenerationSettings(
+        max_new_tokens=settings.max_new_tokens, stop=settings.stop + fmt.stop, sampling=settings.sampling
+    )
+    cancel = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    printed = 0
+    try:
+        for event in session.generate(state.method, prompt, settings, cancel=cancel):
+            if isinstance(event, Step) and event.text:
+                out.write(event.text)
+                out.flush()
+                printed += len(event.text)
+            elif isinstance(event, Finished):
+                out.write(event.text[printed:] + "\n")
+                state.messages.append({"role": "assistant", "content": event.text})
+                return event.stats
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return None
+
+
+def _command(line: str, state: ChatState, out: TextIO) -> bool:
+    """Handle a /command; returns False when the user wants to leave."""
+    name, _, arg = line[1:].partition(" ")
+    if name in ("quit", "exit", "q"):
+        return False
+    if name == "new":
+        state.messages.clear()
+        out.write("(new conversation)\n")
+    elif name == "method" and arg.strip() in REGISTRY:
+        state.method = arg.strip()
+        out.write(f"(method: {state.method})\n")
+    elif name == "system":
+        state.system = arg.strip() or None
+        state.messages.clear()
+        out.write("(system prompt set; new conversation)\n")
+    else:
+        out.write(HELP.format(methods=", ".join(REGISTRY)) + "\n")
+    return True
+
+
+def chat_loop(session: Session, state: ChatState, settings: GenerationSettings,
+              inp: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:
+    interactive = inp.isatty()
+    while True:
+        if interactive:
+            out.write("\nyou> ")
+            out.flush()
+        line = inp.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            if not _command(line, state, out):
+                break
+            continue
+        state.messages.append({"role": "user", "content": line})
+        if not interactive:
+            out.write(f"you> {line}\n")
+        out.write("assistant> ")
+        out.flush()
+        try:
+            stats = answer(session, state, settings, out)
+        except SpecDeckError as exc:
+            state.messages.pop()  # the message that could not be answered
+            out.write(f"\n(error: {exc})\n")
+            continue
+        if stats is not None:
+            out.write(format_stats(stats) + "\n")
+        out.flush()
+

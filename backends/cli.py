@@ -1,0 +1,187 @@
+"""The ``specdeck`` command line: chat, models, bench.
+
+    specdeck chat                          # chat with the bundled model (prompt lookup on)
+    specdeck chat --model smollm2-135m-f16 --method draft --draft-model smollm2-135m-q4_1
+    specdeck models list
+    specdeck bench --model smollm2-135m-f16 --methods ar,pld --per-category 2
+"""
+
+from __future__ import annotations
+
+import os
+
+# numpy's OpenBLAS threads spin on the same cores llama.cpp computes on; SpecDeck does no large
+# matrix work in numpy, so one BLAS thread is plenty. Must be set before numpy is imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from backends.core.errors import SpecDeckError  # noqa: E402
+
+
+def _add_session_args(p: argparse.ArgumentParser, *, default_model: str) -> None:
+    p.add_argument("--model", default=default_model, help="known model id or path to a .gguf file")
+    p.add_argument("--draft-model", default=None, help="draft model (id or path) for the draft method")
+    p.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser, *, temperature: float) -> None:
+    p.add_argument("--temperature", type=float, default=temperature, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def _parse_setting(text: str) -> tuple[str, str, object]:
+    """``pld.max_draft=12`` -> ("pld", "max_draft", 12)."""
+    try:
+        key, raw = text.split("=", 1)
+        method, name = key.split(".", 1)
+    except ValueError:
+        raise SpecDeckError(f"--set takes METHOD.NAME=VALUE, got {text!r}") from None
+    try:
+        value: object = json.loads(raw)
+    except ValueError:
+        value = raw
+    return method, name, value
+
+
+def _method_settings(items: list[str]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for item in items:
+        method, name, value = _parse_setting(item)
+        out.setdefault(method, {})[name] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from backends.drafters import REGISTRY
+    from backends.models.catalog import DEFAULT_MODEL
+
+    parser = argparse.ArgumentParser(prog="specdeck", description="Lossless speculative decoding for local LLMs.")
+    parser.add_argument("--verbose", action="store_true", help="show llama.cpp's log")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    chat = sub.add_parser("chat", help="interactive terminal chat with live stats")
+    _add_session_args(chat, default_model=DEFAULT_MODEL)
+    _add_sampling_args(chat, temperature=0.0)
+    chat.add_argument("--method", default="pld", choices=sorted(REGISTRY))
+    chat.add_argument("--system", default=None, help="system prompt")
+    chat.add_argument("--max-new-tokens", type=int, default=512)
+    chat.add_argument("--set", action="append", default=[], metavar="METHOD.NAME=VALUE", help="a method setting")
+
+    models = sub.add_parser("models", help="list, locate and derive models")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    mlist = msub.add_parser("list", help="known model ids, paths, sizes, presence")
+    mlist.add_argument("--json", action="store_true")
+    mpath = msub.add_parser("path", help="print a model's path (deriving it first if needed)")
+    mpath.add_argument("id")
+    mderive = msub.add_parser("derive", help="make derived variants (all by default)")
+    mderive.add_argument("ids", nargs="*")
+    mderive.add_argument("--force", action="store_true", help="make them again even if current")
+
+    bench = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench")
+    _add_session_args(bench, default_model="smollm2-135m-f16")
+    bench.add_argument("--methods", default="ar,pld,peer-llamacpp,peer-llamacpp-pld",
+                       help=f"comma-separated: {', '.join(REGISTRY)}, peer-llamacpp, peer-llamacpp-pld")
+    bench.add_argument("--prompts", type=Path, default=None, help="Spec-Bench JSONL (default ../shared/benchmarks/...)")
+    bench.add_argument("--per-category", type=int, default=10)
+    bench.add_argument("--categories", default=None, help="comma-separated (mt_bench, translation, ...)")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--repeats", type=int, default=1)
+    bench.add_argument("--set", action="append", default=[], metavar="METHOD.NAME=VALUE", help="a method setting")
+    bench.add_argument("--json", type=Path, default=None, help="write every record and the summary here")
+    bench.add_argument("--csv", type=Path, default=None, help="write one row per (method, prompt) here")
+    return parser
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from backends.models.catalog import CATALOG, ensure, list_models, resolve_model
+
+    if args.models_command == "list":
+        rows = list_models()
+        if args.json:
+            print(json.dumps(rows, indent=1))
+            return 0
+        for r in rows:
+            size = f"{r['size_bytes'] / 2**20:7.1f} MiB" if r["size_bytes"] else "      -    "
+            state = "present" if r["present"] else "not yet made (specdeck models derive)"
+            print(f"{r['id']:22} {size}  {state:10}  {r['path']}\n{'':22} {r['description']}")
+        return 0
+    if args.models_command == "path":
+        print(resolve_model(args.id))
+        return 0
+    ids = args.ids or [m for m, e in CATALOG.items() if e.derived or m == "gemma3-270m-q4_k_m"]
+    for model_id in ids:
+        path = ensure(model_id, force=args.force, progress=lambda msg: print(msg, file=sys.stderr))
+        print(f"{model_id}: {path}")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from backends.chat import ChatState, chat_loop
+    from backends.core.types import GenerationSettings, SamplingSettings
+    from backends.factory import Session, SessionConfig
+
+    sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, sampling=sampling)
+    print(f"loading {args.model} ...", file=sys.stderr)
+    with Session(SessionConfig(model=args.model, draft_model=args.draft_model, n_ctx=args.n_ctx,
+                               n_threads=args.threads)) as session:
+        session.drafter(args.method, sampling, **_method_settings(args.set).get(args.method, {}))  # fail early
+        print(f"SpecDeck chat · {session.model.name} ({session.model.path.name}) · method {args.method} · "
+              f"context {session.target.n_ctx} · /help for commands, Ctrl+C stops an answer, Ctrl+D quits",
+              file=sys.stderr)
+        state = ChatState(method=args.method, system=args.system)
+        chat_loop(session, state, settings)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from backends.bench import BenchConfig, run_bench, write_csv, write_json
+
+    config = BenchConfig(
+        model=args.model, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+        draft_model=args.draft_model, prompts=args.prompts, per_category=args.per_category,
+        categories=tuple(c.strip() for c in args.categories.split(",")) if args.categories else None,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, repeats=args.repeats,
+        n_ctx=args.n_ctx, n_threads=args.threads, method_settings=_method_settings(args.set),
+    )
+    result = run_bench(config)
+    if args.json:
+        write_json(result, args.json)
+    if args.csv:
+        write_csv(result, args.csv)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("specdeck.llama").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
+    handlers = {"models": cmd_models, "chat": cmd_chat, "bench": cmd_bench}
+    try:
+        return handlers[args.command](args)
+    except SpecDeckError as exc:
+        print(f"specdeck: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # settings dataclasses validate their fields with ValueError
+        print(f"specdeck: invalid setting: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nspecdeck: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Token trees: the one shape every proposal has.
+
+A proposal hangs under the *root* (the last emitted token, see ``backends.core``). Node ``i``
+has parent ``parents[i]``; ``-1`` means the root. Parents always come before their children
+(``parents[i] < i``), so a prefix of the node list is itself a valid tree.
+
+Worked example: ``parents = [-1, 0, 0, 1]`` is
+
+    root ── 0 ── 1 ── 3
+             └── 2
+
+depths ``[1, 2, 2, 3]``, root-to-leaf paths ``(0, 2)`` and ``(0, 1, 3)`` (leaves in index order), and node 3 sees
+nodes 0, 1 and itself (plus the root and everything before it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CompiledTree:
+    """Everything a backend or an acceptance rule needs to know about a tree's shape."""
+
+    depths: np.ndarray  # [n] int32, 1 for children of the root
+    mask: np.ndarray  # [n, n] bool, mask[i, j]: node i attends to node j (ancestor or self)
+    paths: tuple[tuple[int, ...], ...]  # one root-to-leaf node list per leaf, in leaf order
+    children: tuple[tuple[int, ...], ...]  # children of node i, in index order
+    root_children: tuple[int, ...]
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.depths)
+
+    def children_of(self, node: int) -> tuple[int, ...]:
+        """Children of ``node``; ``-1`` is the root."""
+        return self.root_children if node < 0 else self.children[node]
+
+
+def validate_parents(parents: Sequence[int]) -> None:
+    """Raise ``ValueError`` unless ``parents`` is a topologically ordered tree."""
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i} has parent {parent}; parents must satisfy -1 <= parent < index")
+
+
+def tree_depths(parents: Sequence[int]) -> np.ndarray:
+    """Depth of every node (1 for children of the root). [n] int32."""
+    depths = np.empty(len(parents), dtype=np.int32)
+    for i, parent in enumerate(parents):
+        depths[i] = 1 if parent < 0 else depths[parent] + 1
+    return depths
+
+
+def compile_tree(parents: Sequence[int]) -> CompiledTree:
+    """Attention mask, depths (positions relative to the root) and root-to-leaf paths."""
+    validate_parents(parents)
+    n = len(parents)
+    depths = tree_depths(parents)
+    mask = np.zeros((n, n), dtype=bool)
+    children: list[list[int]] = [[] for _ in range(n)]
+    root_children: list[int] = []
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            mask[i] = mask[parent]
+            children[parent].append(i)
+        else:
+            root_children.append(i)
+        mask[i, i] = True
+    paths = tuple(tuple(int(j) for j in np.flatnonzero(mask[i])) for i in range(n) if not children[i])
+    return CompiledTree(
+        depths=depths,
+        mask=mask,
+        paths=paths,
+        children=tuple(tuple(c) for c in children),
+        root_children=tuple(root_children),
+    )
+
+
+def is_chain(parents: Sequence[int]) -> bool:
+    """True when every node hangs under the previous one: ``[-1, 0, 1, ...]``."""
+    return all(parent == i - 1 for i, parent in enumerate(parents))

@@ -1,0 +1,98 @@
+"""The method registry: name -> settings dataclass, what the method needs, how to build it.
+
+Front ends list methods, build settings forms from the dataclass fields and grey out methods whose
+``requires`` a session does not offer; nothing outside this module branches on a method's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Sequence
+
+from backends.core.errors import SpecDeckError, UnknownMethodError
+from backends.core.protocols import Drafter, Target
+from backends.core.types import HIDDEN_STATES, TREE, SamplingSettings
+from backends.drafters.ar import ARDrafter, ARSettings
+from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
+from backends.drafters.pld import PLDDrafter, PLDSettings
+
+DRAFT_MODEL = "draft_model"  # a requirement: a compatible draft model is loaded
+REQUIREMENT_TEXT = {
+    DRAFT_MODEL: "a draft model with the target's vocabulary (--draft-model)",
+    TREE: "a target that verifies token trees",
+    HIDDEN_STATES: "a target that returns hidden states",
+}
+
+
+def describe(requirements: frozenset[str]) -> str:
+    """Requirements in words, for error messages and greyed-out GUI entries."""
+    return "; ".join(REQUIREMENT_TEXT.get(r, r) for r in sorted(requirements))
+
+
+@dataclass(frozen=True)
+class DrafterResources:
+    """What a session hands a drafter: sampling, sizes, measured costs, a draft model."""
+
+    sampling: SamplingSettings
+    target_vocab: int
+    # Measured lazily, only for methods that draft: relative verify cost for 0..k drafted tokens,
+    # and one draft-model forward relative to one target forward.
+    costs: Callable[[], Sequence[float]] = lambda: ()
+    draft: Target | None = None
+    draft_cost: Callable[[], float] = lambda: 0.5
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    summary: str
+    settings_type: type
+    build: Callable[[Any, DrafterResources], Drafter]
+    requires: frozenset[str] = frozenset()
+    lossless: bool = True
+
+    def settings(self, **overrides: Any) -> Any:
+        """Settings from keyword overrides; unknown names are a clear error."""
+        known = {f.name for f in fields(self.settings_type)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise SpecDeckError(f"{self.name} has no setting {', '.join(unknown)} (it has: {', '.join(sorted(known)) or 'none'})")
+        return self.settings_type(**overrides)
+
+
+def _build_draft(settings: DraftSettings, res: DrafterResources) -> Drafter:
+    if res.draft is None:
+        raise SpecDeckError("the draft method needs a draft model with the target's vocabulary (--draft-model)")
+    return DraftModelDrafter(
+        res.draft, settings, sampling=res.sampling, target_vocab=res.target_vocab,
+        costs=res.costs(),
+        draft_cost=res.draft_cost(),
+    )
+
+
+REGISTRY: dict[str, MethodSpec] = {
+    spec.name: spec
+    for spec in (
+        MethodSpec("ar", "plain decoding, one token per forward: the baseline", ARSettings, lambda s, r: ARDrafter(s)),
+        MethodSpec(
+            "pld",
+            "prompt lookup: no extra memory, best when the answer repeats the prompt (summaries, code edits, RAG)",
+            PLDSettings,
+            lambda s, r: PLDDrafter(s, costs=r.costs()),
+        ),
+        MethodSpec(
+            "draft",
+            "a small draft model with the same vocabulary guesses ahead; the target checks its guesses",
+            DraftSettings,
+            _build_draft,
+            requires=frozenset({DRAFT_MODEL}),
+        ),
+    )
+}
+
+
+def method_spec(name: str) -> MethodSpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UnknownMethodError(f"unknown method '{name}' (known: {', '.join(REGISTRY)})") from None

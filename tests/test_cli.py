@@ -1,0 +1,111 @@
+"""The command line for real: chat through a pipe, models, a small benchmark; plus memory growth."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from backends.bench import BenchConfig, load_prompts, run_bench, spec_bench_category
+from backends.core.types import GenerationSettings
+from backends.factory import Session, SessionConfig
+
+SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
+
+
+def specdeck(*args: str, stdin: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "backends.cli", *args], input=stdin, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_chat_streams_answers_and_prints_stats():
+    result = specdeck("chat", "--max-new-tokens", "24", stdin="Name three colors.\n/new\nAnd three animals?\n")
+    assert result.returncode == 0, result.stderr
+    stats_lines = [line for line in result.stdout.splitlines() if line.startswith("[pld")]
+    assert len(stats_lines) == 2
+    for line in stats_lines:
+        assert "tok/s decode" in line and "tau" in line and "TTFT" in line
+    assert "(new conversation)" in result.stdout
+    assert "assistant> " in result.stdout
+
+
+def test_chat_with_draft_model_and_sampling():
+    result = specdeck("chat", "--model", "smollm2-135m-f16", "--method", "draft", "--draft-model", "smollm2-135m-q4_1",
+                      "--temperature", "0.7", "--seed", "1", "--max-new-tokens", "16", stdin="Hello!\n")
+    assert result.returncode == 0, result.stderr
+    assert any(line.startswith("[draft") for line in result.stdout.splitlines())
+
+
+def test_models_list_json_and_path():
+    result = specdeck("models", "list", "--json")
+    rows = json.loads(result.stdout)
+    assert {r["id"] for r in rows} >= {"smollm2-135m-q4_1", "smollm2-135m-f16", "gemma3-270m-f16"}
+    bundled = next(r for r in rows if r["id"] == "smollm2-135m-q4_1")
+    assert bundled["present"] and bundled["size_bytes"] > 90e6
+    path = specdeck("models", "path", "smollm2-135m-f16").stdout.strip()
+    assert path.endswith("smollm2-135m-f16.gguf") and Path(path).exists()
+
+
+def test_prompt_selection_groups_mt_bench():
+    assert spec_bench_category("coding") == "mt_bench" and spec_bench_category("rag") == "rag"
+    prompts = load_prompts(SAMPLE, per_category=1)
+    assert [p.category for p in prompts] == ["mt_bench", "summarization", "rag", "translation"]
+    assert len(prompts[0].turns) == 2
+    assert len(load_prompts(SAMPLE, per_category=5, categories=["summarization"])) == 2
+
+
+def test_bench_runs_methods_and_peers_side_by_side(tmp_path, smollm_f16_path):
+    config = BenchConfig(model=str(smollm_f16_path), methods=("ar", "pld", "peer-llamacpp", "peer-llamacpp-pld"),
+                         prompts=SAMPLE, per_category=1, categories=("mt_bench", "summarization"),
+                         max_new_tokens=24, n_ctx=2048)
+    out = tmp_path / "table.md"
+    with out.open("w") as f:
+        result = run_bench(config, out=f, progress=f)
+    records = result["records"]
+    assert len(records) == 2 * 4
+    for r in records:
+        for key in ("method", "category", "question_id", "decode_tok_s", "speedup", "ideal_speedup", "tau",
+                    "acceptance_rate", "new_tokens", "matches_ar", "divergence_margin", "text"):
+            assert key in r
+        assert r["new_tokens"] > 0 and r["decode_tok_s"] > 0
+    ar = [r for r in records if r["method"] == "ar"]
+    assert all(r["speedup"] == pytest.approx(1.0) and r["tau"] == 1.0 for r in ar)
+    assert all(r["matches_ar"] for r in records if r["method"] == "peer-llamacpp")  # same library, same greedy
+    mt = next(r for r in records if r["method"] == "ar" and r["category"] == "mt_bench")
+    assert "\n\n" in mt["text"]  # two turns, answered one after the other
+    table = out.read_text()
+    assert "| pld |" in table and "| peer-llamacpp-pld |" in table and "verify cost curve" in table
+    summary = result["summary"]
+    assert set(summary["pld"]) == {"mt_bench", "summarization", "overall"}
+
+
+def test_bench_cli_writes_json_and_csv(tmp_path):
+    js, cs = tmp_path / "b.json", tmp_path / "b.csv"
+    result = specdeck("bench", "--model", "smollm2-135m-q4_1", "--methods", "ar,pld", "--prompts", str(SAMPLE),
+                      "--per-category", "1", "--categories", "translation", "--max-new-tokens", "8",
+                      "--json", str(js), "--csv", str(cs))
+    assert result.returncode == 0, result.stderr
+    assert "| method |" in result.stdout
+    data = json.loads(js.read_text())
+    assert {r["method"] for r in data["records"]} == {"ar", "pld"}
+    assert cs.read_text().splitlines()[0].startswith("method,category,question_id")
+
+
+def test_memory_does_not_grow_over_50_generations(smollm_q4_path):
+    process = psutil.Process()
+    with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=1024)) as s:
+        prompt = s.model.chat_prompt([{"role": "user", "content": "Tell me a fact about the moon."}])
+        settings = GenerationSettings(max_new_tokens=16)
+        rss = []
+        for i in range(50):
+            s.reset()
+            list(s.generate("pld" if i % 2 else "ar", prompt, settings))
+            if i in (0, 49):
+                gc.collect()
+                rss.append(process.memory_info().rss)
+    assert rss[1] - rss[0] < 50 * 2**20, f"RSS grew by {(rss[1] - rss[0]) / 2**20:.1f} MiB"

@@ -1,0 +1,225 @@
+"""Tier 1: pure functions on hand-written inputs, no model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.core.acceptance import accept_greedy, accept_stochastic, try_candidates
+from backends.core.controller import LengthController
+from backends.core.sampling import apply_repeat_penalty, target_distribution
+from backends.core.text import TextStream
+from backends.core.tree import compile_tree, is_chain
+from backends.core.types import Budget, GenerationSettings, Proposal, SamplingSettings, TargetOutput
+from backends.drafters.pld import NgramIndex
+
+GREEDY = SamplingSettings()
+PLAIN = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+def onehot_logits(winners: list[int], vocab: int = 10) -> np.ndarray:
+    rows = np.zeros((len(winners), vocab), dtype=np.float32)
+    for r, w in enumerate(winners):
+        rows[r, w] = 5.0
+    return rows
+
+
+# -- compile_tree ---------------------------------------------------------------------------------
+def test_compile_tree_worked_example():
+    tree = compile_tree([-1, 0, 0, 1])
+    assert tree.depths.tolist() == [1, 2, 2, 3]
+    assert tree.paths == ((0, 2), (0, 1, 3))  # one per leaf, leaves in index order
+    assert tree.root_children == (0,)
+    assert tree.children == ((1, 2), (3,), (), ())
+    expected = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=bool)
+    assert (tree.mask == expected).all()
+
+
+def test_compile_tree_forest_under_root_and_chain():
+    tree = compile_tree([-1, -1, 1, 0])
+    assert tree.root_children == (0, 1)
+    assert tree.paths == ((1, 2), (0, 3))
+    assert tree.depths.tolist() == [1, 1, 2, 2]
+    assert not tree.mask[2, 0] and tree.mask[2, 1]
+    assert is_chain([-1, 0, 1, 2]) and not is_chain([-1, 0, 0])
+    assert compile_tree([]).paths == ()
+
+
+@pytest.mark.parametrize("parents", [[0], [-1, 1], [-2], [-1, 0, 5]])
+def test_compile_tree_rejects_bad_parents(parents):
+    with pytest.raises(ValueError):
+        compile_tree(parents)
+
+
+def test_proposal_pruned_keeps_a_valid_tree():
+    p = Proposal(tokens=(5, 6, 7, 8, 9), parents=(-1, 0, 0, 1, 3))
+    cut = p.pruned(Budget(max_nodes=10, max_depth=2))
+    assert cut.tokens == (5, 6, 7) and cut.parents == (-1, 0, 0)
+    cut = p.pruned(Budget(max_nodes=2, max_depth=10))
+    assert cut.tokens == (5, 6) and cut.parents == (-1, 0)
+    assert Proposal.chain([1, 2, 3]).pruned(Budget(max_nodes=0, max_depth=5)).size == 0
+
+
+# -- greedy acceptance ----------------------------------------------------------------------------
+def test_greedy_chain_worked_example():
+    out = TargetOutput(onehot_logits([5, 7, 9]))
+    v = accept_greedy(out, Proposal.chain([5, 8]), settings=GREEDY, history=[1])
+    assert v.path == (0,) and v.tokens == (5, 7) and v.accepted == 1 and v.bonus == 7
+
+
+def test_greedy_chain_all_accepted_gets_bonus():
+    out = TargetOutput(onehot_logits([5, 8, 2]))
+    v = accept_greedy(out, Proposal.chain([5, 8]), settings=GREEDY, history=[1])
+    assert v.tokens == (5, 8, 2) and v.accepted == 2
+
+
+def test_greedy_first_rejected_emits_target_token():
+    out = TargetOutput(onehot_logits([3, 0, 0]))
+    v = accept_greedy(out, Proposal.chain([4, 4]), settings=GREEDY, history=[1])
+    assert v.tokens == (3,) and v.path == ()
+
+
+def test_greedy_tree_follows_matching_branch():
+    # root -> {0: tok 4, 1: tok 3}; node 1 -> node 2 (tok 6). Target: 3 then 6 then 1.
+    logits = onehot_logits([3, 9, 6, 1])
+    p = Proposal(tokens=(4, 3, 6), parents=(-1, -1, 1))
+    v = accept_greedy(TargetOutput(logits), p, settings=GREEDY, history=[1])
+    assert v.path == (1, 2) and v.tokens == (3, 6, 1) and v.draft_depth == 2
+
+
+def test_greedy_respects_repetition_penalty():
+    row = np.array([0.0, 3.0, 2.9, 0.0], dtype=np.float32)
+    logits = np.stack([row, row])
+    pen = SamplingSettings(repeat_penalty=1.5)
+    # token 1 was just generated, so the penalty turns the target's choice to token 2
+    v = accept_greedy(TargetOutput(logits), Proposal.chain([1]), settings=pen, history=[1])
+    assert v.tokens == (2,)
+    v = accept_greedy(TargetOutput(logits), Proposal.chain([2]), settings=pen, history=[1])
+    assert v.tokens[0] == 2 and v.accepted == 1
+    # the path history counts: after accepting 2, both 1 and 2 are penalized at the next row
+    assert v.tokens[1] == int(np.argmax(apply_repeat_penalty(row, [1, 2], pen)))
+
+
+# -- sampling processing -------------------------------------------------------------------------
+def test_target_distribution_worked_example():
+    logits = np.array([2.0, 1.0, 0.0, -1.0], dtype=np.float32)
+    s = SamplingSettings(temperature=1.0, top_k=3, top_p=0.9, min_p=0.0)
+    p = target_distribution(logits, [], s)
+    expected = np.exp([2.0, 1.0]) / np.exp([2.0, 1.0]).sum()
+    assert np.allclose(p, [expected[0], expected[1], 0, 0])
+
+
+def test_target_distribution_min_p_and_temperature():
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    p = target_distribution(logits, [], SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.2))
+    assert p[3] == 0 and p[2] > 0  # 0.05 < 0.2 * 0.5 <= 0.15
+    hot = target_distribution(logits, [], SamplingSettings(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0))
+    assert hot[0] < 0.5 and np.isclose(hot.sum(), 1.0)
+
+
+def test_repeat_penalty_direction():
+    logits = np.array([2.0, -2.0, 1.0], dtype=np.float32)
+    out = apply_repeat_penalty(logits, [0, 1], SamplingSettings(repeat_penalty=2.0))
+    assert out.tolist() == [1.0, -4.0, 1.0]
+    assert apply_repeat_penalty(logits, [0], SamplingSettings()) is logits
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_p=0), dict(min_p=1.0), dict(repeat_penalty=0)])
+def test_sampling_settings_validate(kwargs):
+    with pytest.raises(ValueError):
+        SamplingSettings(**kwargs)
+
+
+def test_generation_settings_refuse_zero_tokens():
+    with pytest.raises(ValueError, match="at least 1"):
+        GenerationSettings(max_new_tokens=0)
+
+
+# -- stochastic acceptance on constructed cases ----------------------------------------------------
+def test_try_candidates_certain_accept_and_residual():
+    rng = np.random.default_rng(0)
+    p = np.array([0.0, 1.0, 0.0])
+    assert try_candidates(p, [(1, None)], rng)[0] == 0
+    picked, residual = try_candidates(np.array([0.5, 0.5, 0.0]), [(2, np.array([0.0, 0.0, 1.0]))], rng)
+    assert picked is None and np.allclose(residual, [0.5, 0.5, 0.0])
+
+
+def test_stochastic_rejects_impossible_draft_and_never_emits_it():
+    logits = np.log(np.array([[0.5, 0.5, 1e-30], [0.3, 0.3, 0.4]], dtype=np.float64)).astype(np.float32)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        v = accept_stochastic(TargetOutput(logits), Proposal.chain([2]), settings=PLAIN, history=[0], rng=rng)
+        assert v.tokens[0] in (0, 1) and v.path == ()
+
+
+# -- n-gram lookup ---------------------------------------------------------------------------------
+def make_index(tokens, max_ngram=3, min_ngram=1):
+    index = NgramIndex(max_ngram, min_ngram)
+    index.extend(tokens)
+    return index
+
+
+def test_ngram_longest_match_wins():
+    # suffix "2 3" appears after "9" (bigram at 4-5) and "3" alone appears at 7
+    tokens = [1, 2, 3, 4, 2, 3, 5, 3, 6, 2, 3]
+    cont, n = make_index(tokens).lookup(3)
+    assert n == 2 and cont == [5, 3, 6]  # most recent earlier "2 3" is at 4-5
+
+
+def test_ngram_worked_example_the_cat():
+    the, cat, sat, on, mat, dot = range(6)
+    tokens = [the, cat, sat, on, the, mat, dot, the, cat]
+    cont, n = make_index(tokens, max_ngram=2).lookup(4)
+    assert n == 2 and cont == [sat, on, the, mat]
+
+
+def test_ngram_no_match_and_min_size():
+    assert make_index([1, 2, 3, 4]).lookup(5) == ([], 0)
+    assert make_index([7, 1, 8, 1], min_ngram=2).lookup(5) == ([], 0)
+    assert make_index([7, 1, 8, 1], min_ngram=1).lookup(5) == ([8, 1], 1)
+
+
+def test_ngram_index_grows_incrementally():
+    index = make_index([1, 2, 3])
+    assert index.lookup(2) == ([], 0)
+    index.sync([1, 2, 3, 1, 2])
+    assert index.lookup(2) == ([3, 1], 2)
+    index.sync([1, 2, 3, 1, 2, 3])
+    assert index.lookup(2) == ([1, 2], 3)
+
+
+# -- streaming text --------------------------------------------------------------------------------
+def test_text_stream_holds_back_partial_stop_string():
+    pieces = {1: b"Hi\nUs", 2: b"er:", 3: b" more"}
+    stream = TextStream(pieces.__getitem__, stop=("\nUser:",))
+    assert stream.push([1]) == ("Hi", False)
+    assert stream.push([2]) == ("", True)
+    assert stream.text == "Hi"
+
+
+def test_text_stream_releases_false_alarm_and_splits_utf8():
+    euro = "€".encode()
+    pieces = {1: b"a\nU", 2: b"x" + euro[:1], 3: euro[1:]}
+    stream = TextStream(pieces.__getitem__, stop=("\nUser:",))
+    assert stream.push([1]) == ("a", False)
+    assert stream.push([2]) == ("\nUx", False)
+    assert stream.push([3]) == ("€", False)
+    assert stream.flush() == ""
+
+
+# -- the length controller -------------------------------------------------------------------------
+def test_controller_worked_example():
+    c = LengthController([1.0, 1.8, 2.0, 2.1], max_len=3, prior=0.9, prior_weight=1e9)
+    assert c.choose(3) == 3
+    assert c.speedup(1) == pytest.approx(1.9 / 1.8)
+    low = LengthController([1.0, 1.8, 2.0, 2.1], max_len=3, prior=0.3, prior_weight=1e9, probe_every=1000)
+    assert low.choose(3) == 0
+
+
+def test_controller_learns_and_stops_drafting():
+    c = LengthController([1.0, 1.5, 1.7, 1.9, 2.0], max_len=4, prior=0.6, probe_every=5)
+    assert c.choose(4) > 0
+    for _ in range(30):
+        c.update(4, 0)
+    choices = [c.choose(4) for _ in range(10)]
+    assert choices.count(0) >= 8 and 1 in choices  # mostly idle, with periodic probes
