@@ -29,7 +29,7 @@ from backends.llamacpp.target import LlamaTarget
 from backends.models.catalog import resolve_model
 from backends.models.compat import draft_incompatibility
 
-COST_CURVE_LENGTH = 8  # longest draft the measured cost curve covers
+COST_CURVE_LENGTH = 16  # longest draft the measured cost curve covers
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Session:
         return self.target.offers | ({DRAFT_MODEL} if self.draft_target is not None else frozenset())
 
     def costs(self) -> tuple[float, ...]:
-        """The target's relative verify cost for 0..8 drafted tokens, measured once per session."""
+        """The target's relative verify cost for 0..16 drafted tokens, measured once per session."""
         if self._costs is None:
             self._costs = measure_verify_costs(self.target, COST_CURVE_LENGTH, reps=3)
         return self._costs

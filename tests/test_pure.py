@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from backends.core.acceptance import accept_greedy, accept_stochastic, try_candidates
-from backends.core.controller import LengthController
+from backends.core.controller import LengthController, ShadowLedger
 from backends.core.sampling import apply_repeat_penalty, target_distribution
 from backends.core.text import TextStream
 from backends.core.tree import compile_tree, is_chain
@@ -222,4 +222,34 @@ def test_controller_learns_and_stops_drafting():
     for _ in range(30):
         c.update(4, 0)
     choices = [c.choose(4) for _ in range(10)]
-    assert choices.count(0) >= 8 and 1 in choices  # mostly idle, with periodic probes
+    assert choices.count(0) == 8 and choices.count(4) == 2  # idle, with a full-length probe every 5 steps
+
+
+def test_controller_never_drafts_when_nothing_can_pay():
+    # a draft model costing 0.9 forwards per token against a steep verify curve: even perfect
+    # acceptance loses, so neither drafting nor probing happens
+    c = LengthController([1.0, 2.0, 2.3, 2.5], max_len=3, prior=1.0, draft_cost=0.9, probe_every=1)
+    assert not c.can_pay
+    assert [c.choose(3) for _ in range(5)] == [0] * 5
+
+
+def test_controller_forgets_old_evidence():
+    c = LengthController([1.0, 1.1, 1.2], max_len=2, prior=0.5, decay=0.8)
+    for _ in range(20):
+        c.update(2, 2)
+    assert c.acceptance()[0] > 0.8  # about 5 effective observations against a prior weight of 2
+    for _ in range(10):
+        c.update(2, 0)
+    assert c.acceptance()[0] < 0.3
+
+
+def test_shadow_ledger_scores_withheld_guesses():
+    ledger = ShadowLedger()
+    ledger.add(10, [5, 6, 7], bucket=2)
+    ledger.add(11, [6, 7], bucket=1)
+    context = list(range(10))
+    assert ledger.resolve(context) == []
+    assert ledger.resolve(context + [5]) == []  # still consistent, not yet decided
+    assert ledger.resolve(context + [5, 9]) == [(3, 1, 2), (2, 0, 1)]
+    ledger.add(12, [1, 2], bucket=3)
+    assert ledger.resolve(context + [5, 9, 1, 2]) == [(2, 2, 3)]

@@ -68,7 +68,8 @@ class DraftModelDrafter:
         self.target_vocab = target_vocab
         self._rng = make_rng(None if sampling.seed is None else sampling.seed + 1)
         n = self.settings.max_draft
-        self.controller = LengthController(costs or [1.0] * (n + 1), max_len=n, prior=0.8, draft_cost=draft_cost)
+        self.controller = LengthController(costs or [1.0] * (n + 1), max_len=n, prior=0.8, draft_cost=draft_cost,
+                                           probe_every=16)
         self._pending: list[int] = []
         self._decoded: list[int] = []  # chain tokens decoded into the draft during the last proposal
         self._base = 0  # draft n_past before those

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from backends.core.controller import LengthController
+from backends.core.controller import LengthController, ShadowLedger
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 
 
@@ -77,7 +77,12 @@ class NgramIndex:
 
 
 class PLDDrafter:
-    """Prompt lookup with a length controller: drafts only as long as it is expected to pay."""
+    """Prompt lookup with a length controller: drafts only as long as it is expected to pay.
+
+    Lookups are free, so every step makes one; when the controller withholds it, the guess goes to
+    a ``ShadowLedger`` and is scored against what the target emits next. The controller thus
+    learns this text's acceptance without paying for a single probe.
+    """
 
     requires: frozenset[str] = frozenset()
 
@@ -85,22 +90,26 @@ class PLDDrafter:
         self.settings = settings or PLDSettings()
         self.controller = LengthController(costs or [1.0] * (self.settings.max_draft + 1), max_len=self.settings.max_draft)
         self._index = NgramIndex(self.settings.max_ngram, self.settings.min_ngram)
+        self._shadow = ShadowLedger()
         self._bucket = 0
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._index = NgramIndex(self.settings.max_ngram, self.settings.min_ngram)
         self._index.extend(prompt)
+        self._shadow = ShadowLedger()
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._index.sync(context)
-        limit = min(self.settings.max_draft, budget.max_depth, budget.max_nodes)
-        tokens, n = self._index.lookup(limit)
+        for guessed, matched, bucket in self._shadow.resolve(context):
+            self.controller.update(guessed, matched, bucket)
+        tokens, n = self._index.lookup(self.settings.max_draft)
         self._bucket = n
-        if not self.settings.adaptive:
-            k = len(tokens)
-        else:
-            k = self.controller.choose(len(tokens), bucket=n) if tokens else 0
-        return Proposal.chain(tokens[:k]) if k else EMPTY_PROPOSAL
+        available = min(len(tokens), budget.max_depth, budget.max_nodes)
+        k = available if not self.settings.adaptive else self.controller.choose(available, bucket=n)
+        if k == 0:
+            self._shadow.add(len(context), tokens, n)
+            return EMPTY_PROPOSAL
+        return Proposal.chain(tokens[:k])
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         if verdict.drafted:
