@@ -32,6 +32,7 @@ from typing import Iterable, Sequence, TextIO
 import numpy as np
 import psutil
 
+from backends.core.costs import CpuWatch
 from backends.core.errors import SpecDeckError
 from backends.core.sampling import apply_repeat_penalty
 from backends.core.types import Finished, GenerationSettings, Proposal, RunStats, SamplingSettings
@@ -124,26 +125,6 @@ class TurnRun:
 
 
 # -- runners -------------------------------------------------------------------------------------
-class CpuWatch:
-    """CPU used by *other* processes while a block runs, in cores (0.0 on a quiet machine)."""
-
-    def __init__(self) -> None:
-        self._proc = psutil.Process()
-
-    def __enter__(self) -> CpuWatch:
-        self._t = time.perf_counter()
-        self._sys = psutil.cpu_times()
-        self._mine = self._proc.cpu_times()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        wall = max(time.perf_counter() - self._t, 1e-9)
-        sys_now, mine_now = psutil.cpu_times(), self._proc.cpu_times()
-        busy = (sys_now.user + sys_now.system) - (self._sys.user + self._sys.system)
-        mine = (mine_now.user + mine_now.system) - (self._mine.user + self._mine.system)
-        self.other_cores = max(0.0, (busy - mine) / wall)
-
-
 class EngineRunner:
     """One SpecDeck method through the engine."""
 
@@ -174,6 +155,7 @@ class PeerRunner:
         self.llm = llama_cpp.Llama(
             model_path=str(session.model.path), n_ctx=session.target.n_ctx, n_threads=session.target.n_threads,
             n_threads_batch=session.target.n_threads, n_batch=session.target.n_batch, draft_model=draft, verbose=False,
+            flash_attn=session.config.flash_attn != "off",  # SpecDeck's "auto" enables it on CPUs
             # With a draft model, Llama always computes logits for every token but sizes its score
             # buffer from this flag; without it, prompts longer than n_batch crash (0.3.36).
             logits_all=draft is not None,
@@ -409,11 +391,13 @@ def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO
 
 def _run(session: Session, config: BenchConfig, methods: list[str], prompts: list[BenchPrompt],
          gen: GenerationSettings, out: TextIO, progress: TextIO) -> dict:
-    costs = session.costs()
-    draft_cost = session.draft_cost()
+    costs = session.cost_model()  # measured once, shared by every method of this run
+    draft_seconds = session.draft_seconds()
     runners = {m: PeerRunner(session, m) if m in PEERS else EngineRunner(session, m, config.method_settings.get(m, {}))
                for m in methods}
-    print(f"verify cost curve (relative to one token): {', '.join(f'{c:.2f}' for c in costs)}", file=progress)
+    for context in costs.contexts:
+        print(f"verify cost at {context} tokens of context (relative to one token): "
+              + ", ".join(f"{c:.2f}" for c in costs.relative(context)), file=progress)
     for m, runner in runners.items():  # warm-up, excluded from every figure
         play(runner, session, BenchPrompt(0, "warmup", ("Say hello.",)), replace(gen, max_new_tokens=16))
     records = []
@@ -443,7 +427,9 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
     meta = {"model": config.model, "model_path": str(session.model.path), "draft_model": config.draft_model,
             "methods": methods, "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
             "per_category": config.per_category, "repeats": config.repeats, "n_threads": session.target.n_threads,
-            "verify_costs": list(costs), "draft_cost": draft_cost, "prompts": len(prompts)}
+            "verify_costs": {c: costs.relative(c) for c in costs.contexts},
+            "one_token_seconds": {c: costs.seconds(0, c) for c in costs.contexts},
+            "draft_seconds": draft_seconds, "prompts": len(prompts)}
     return {"meta": meta, "summary": _clean(summary), "records": _clean(records)}
 
 

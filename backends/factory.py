@@ -14,11 +14,13 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from backends.core.costs import measure_verify_costs, time_forwards
+from backends.core.costs import CostModel, CpuWatch, measure_curves, time_forwards
 from backends.core.engine import generate
 from backends.core.errors import IncompatibleDraftError, SpecDeckError
 from backends.core.protocols import Drafter
@@ -28,8 +30,11 @@ from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
 from backends.models.catalog import resolve_model
 from backends.models.compat import draft_incompatibility
+from backends.models.llama_lib import library_version
+from backends.models.paths import cache_dir
 
 COST_CURVE_LENGTH = 16  # longest draft the measured cost curve covers
+COST_CONTEXTS = (64, 1024)  # context lengths the cost curve is measured at (interpolated between)
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,9 @@ class Session:
         self.model = LlamaModel(resolve_model(config.model), n_gpu_layers=config.n_gpu_layers)
         self.draft_model: LlamaModel | None = None
         self.draft_target: LlamaTarget | None = None
-        self._costs: tuple[float, ...] | None = None
-        self._draft_cost: float | None = None
+        self._costs: CostModel | None = None
+        self._draft_seconds: float | None = None
+        self._memory: dict = {}  # what drafters learned in earlier answers (see DrafterResources)
         try:
             self.target = self._context(self.model)
             if config.draft_model:
@@ -84,27 +90,33 @@ class Session:
     def offers(self) -> frozenset[str]:
         return self.target.offers | ({DRAFT_MODEL} if self.draft_target is not None else frozenset())
 
-    def costs(self) -> tuple[float, ...]:
-        """The target's relative verify cost for 0..16 drafted tokens, measured once per session."""
+    def cost_model(self) -> CostModel:
+        """The target's verify cost model: measured once per model, thread count and build."""
         if self._costs is None:
-            self._costs = measure_verify_costs(self.target, COST_CURVE_LENGTH, reps=3)
+            self._costs = CostModel(self._cached_curves())
         return self._costs
 
-    def set_costs(self, costs: Sequence[float], draft_cost: float | None = None) -> None:
-        """Use costs measured elsewhere (the bench measures once and shares them)."""
-        self._costs = tuple(costs)
-        if draft_cost is not None:
-            self._draft_cost = draft_cost
+    def _cached_curves(self) -> dict[int, list[float]]:
+        key = json.dumps([str(self.model.path), self.model.path.stat().st_size, self.model.path.stat().st_mtime_ns,
+                          self.target.n_threads, self.config.n_gpu_layers, self.config.flash_attn,
+                          library_version(), COST_CURVE_LENGTH, COST_CONTEXTS, "min-of-reps"])
+        path = cache_dir() / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+        try:
+            return {int(c): v for c, v in json.loads(path.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            pass
+        with CpuWatch() as watch:
+            curves = measure_curves(self.target, COST_CURVE_LENGTH, contexts=COST_CONTEXTS)
+        if watch.other_cores < 0.25:  # a curve taken on a busy machine is used once, never kept
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(curves))
+        return curves
 
-    def draft_cost(self) -> float:
-        """One draft-model forward relative to one target forward."""
-        if self._draft_cost is None:
-            if self.draft_target is None:
-                return 0.0
-            target_s = time_forwards(self.target, 0, reps=5)[0]
-            draft_s = time_forwards(self.draft_target, 0, reps=5)[0]
-            self._draft_cost = draft_s / target_s
-        return self._draft_cost
+    def draft_seconds(self) -> float | None:
+        """Seconds of one draft-model forward (None without a draft model)."""
+        if self._draft_seconds is None and self.draft_target is not None:
+            self._draft_seconds = time_forwards(self.draft_target, 0, reps=5)[0]
+        return self._draft_seconds
 
     # -- answering -----------------------------------------------------------------------------
     def drafter(self, method: str, sampling: SamplingSettings, **settings: Any) -> Drafter:
@@ -115,9 +127,10 @@ class Session:
         resources = DrafterResources(
             sampling=sampling,
             target_vocab=self.model.n_vocab,
-            costs=self.costs,
+            costs=self.cost_model,
             draft=self.draft_target,
-            draft_cost=self.draft_cost,
+            draft_seconds=self.draft_seconds,
+            memory=self._memory,
         )
         drafter = spec.build(spec.settings(**settings), resources)
         missing = drafter.requires - self.target.offers

@@ -79,7 +79,7 @@ def test_bench_runs_methods_and_peers_side_by_side(tmp_path, smollm_f16_path):
     mt = next(r for r in records if r["method"] == "ar" and r["category"] == "mt_bench")
     assert "\n\n" in mt["text"]  # two turns, answered one after the other
     table = out.read_text()
-    assert "| pld |" in table and "| peer-llamacpp-pld |" in table and "verify cost curve" in table
+    assert "| pld |" in table and "| peer-llamacpp-pld |" in table and "verify cost at 64 tokens" in table
     summary = result["summary"]
     assert set(summary["pld"]) == {"mt_bench", "summarization", "overall"}
 

@@ -12,6 +12,7 @@ import threading
 import numpy as np
 import pytest
 
+from backends.core.costs import CostModel
 from backends.core.engine import generate
 from backends.core.errors import PromptTooLongError
 from backends.core.sampling import greedy_token
@@ -21,7 +22,7 @@ from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
 from tests.oracle import OracleTarget
 
-COSTS = (1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4)  # a GPU-like, nearly flat cost curve
+COSTS = CostModel.from_relative([1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4])  # GPU-like, nearly flat
 
 
 def plain_greedy(oracle: OracleTarget, prompt: list[int], n: int, sampling: SamplingSettings) -> list[int]:
@@ -84,9 +85,9 @@ def drafters_for(oracle: OracleTarget, seed: int, sampling: SamplingSettings):
         "ar": ARDrafter(),
         "pld": PLDDrafter(PLDSettings(), costs=COSTS),
         "draft-chain": DraftModelDrafter(draft_oracle, DraftSettings(min_confidence=0.2), sampling=sampling,
-                                         target_vocab=oracle.n_vocab, costs=COSTS, draft_cost=0.1),
+                                         target_vocab=oracle.n_vocab, costs=COSTS, draft_seconds=0.1),
         "draft-tree": DraftModelDrafter(draft_oracle, DraftSettings(tree_width=3, min_confidence=0.2), sampling=sampling,
-                                        target_vocab=oracle.n_vocab, costs=COSTS, draft_cost=0.1),
+                                        target_vocab=oracle.n_vocab, costs=COSTS, draft_seconds=0.1),
         "random-tree": OracleTreeDrafter(oracle, seed, sampling),
     }
 

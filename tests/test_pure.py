@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from backends.core.acceptance import accept_greedy, accept_stochastic, try_candidates
-from backends.core.controller import LengthController, ShadowLedger
+from backends.core.controller import AcceptanceStats, LengthController, ShadowLedger
+from backends.core.costs import CostModel
 from backends.core.sampling import apply_repeat_penalty, target_distribution
 from backends.core.text import TextStream
 from backends.core.tree import compile_tree, is_chain
 from backends.core.types import Budget, GenerationSettings, Proposal, SamplingSettings, TargetOutput
-from backends.drafters.pld import NgramIndex
+from backends.drafters.pld import NO_MATCH, Match, NgramIndex, span_class
 
 GREEDY = SamplingSettings()
 PLAIN = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
@@ -162,30 +163,38 @@ def make_index(tokens, max_ngram=3, min_ngram=1):
 def test_ngram_longest_match_wins():
     # suffix "2 3" appears after "9" (bigram at 4-5) and "3" alone appears at 7
     tokens = [1, 2, 3, 4, 2, 3, 5, 3, 6, 2, 3]
-    cont, n = make_index(tokens).lookup(3)
-    assert n == 2 and cont == [5, 3, 6]  # most recent earlier "2 3" is at 4-5
+    match = make_index(tokens).lookup(3)
+    assert match.ngram == 2 and match.tokens == [5, 3, 6]  # most recent earlier "2 3" is at 4-5
 
 
 def test_ngram_worked_example_the_cat():
     the, cat, sat, on, mat, dot = range(6)
     tokens = [the, cat, sat, on, the, mat, dot, the, cat]
-    cont, n = make_index(tokens, max_ngram=2).lookup(4)
-    assert n == 2 and cont == [sat, on, the, mat]
+    match = make_index(tokens, max_ngram=2).lookup(4)
+    assert match.ngram == 2 and match.tokens == [sat, on, the, mat]
 
 
 def test_ngram_no_match_and_min_size():
-    assert make_index([1, 2, 3, 4]).lookup(5) == ([], 0)
-    assert make_index([7, 1, 8, 1], min_ngram=2).lookup(5) == ([], 0)
-    assert make_index([7, 1, 8, 1], min_ngram=1).lookup(5) == ([8, 1], 1)
+    assert make_index([1, 2, 3, 4]).lookup(5) == NO_MATCH
+    assert make_index([7, 1, 8, 1], min_ngram=2).lookup(5) == NO_MATCH
+    assert make_index([7, 1, 8, 1], min_ngram=1).lookup(5) == Match([8, 1], 1, 1)
 
 
 def test_ngram_index_grows_incrementally():
     index = make_index([1, 2, 3])
-    assert index.lookup(2) == ([], 0)
+    assert index.lookup(2) == NO_MATCH
     index.sync([1, 2, 3, 1, 2])
-    assert index.lookup(2) == ([3, 1], 2)
+    assert index.lookup(2).tokens == [3, 1]
     index.sync([1, 2, 3, 1, 2, 3])
-    assert index.lookup(2) == ([1, 2], 3)
+    assert index.lookup(2) == Match([1, 2], 3, 3)
+
+
+def test_ngram_span_measures_the_quoted_run():
+    quote = [10, 11, 12, 13, 14, 15, 16, 17]
+    tokens = [1, 2] + quote + [99, 3] + quote[:6]  # the answer quotes 6 tokens of the passage
+    match = make_index(tokens).lookup(4)
+    assert match.ngram == 3 and match.span == 6 and match.tokens == [16, 17, 99, 3]
+    assert [span_class(s) for s in (0, 1, 3, 5, 9, 40)] == [0, 1, 3, 4, 8, 16]
 
 
 # -- streaming text --------------------------------------------------------------------------------
@@ -208,39 +217,68 @@ def test_text_stream_releases_false_alarm_and_splits_utf8():
 
 
 # -- the length controller -------------------------------------------------------------------------
+def flat(costs):
+    return CostModel.from_relative(costs)
+
+
 def test_controller_worked_example():
-    c = LengthController([1.0, 1.8, 2.0, 2.1], max_len=3, prior=0.9, prior_weight=1e9)
-    assert c.choose(3) == 3
-    assert c.speedup(1) == pytest.approx(1.9 / 1.8)
-    low = LengthController([1.0, 1.8, 2.0, 2.1], max_len=3, prior=0.3, prior_weight=1e9, probe_every=1000)
-    assert low.choose(3) == 0
+    c = LengthController(flat([1.0, 1.8, 2.0, 2.1]), max_len=3, stats=AcceptanceStats(prior=0.9, prior_weight=1e9))
+    assert c.choose(3, context=10) == 3
+    assert c.speedups(1, context=10)[1] == pytest.approx(1.9 / 1.8)
+    low = LengthController(flat([1.0, 1.8, 2.0, 2.1]), max_len=3, stats=AcceptanceStats(prior=0.3, prior_weight=1e9),
+                           probe_every=1000)
+    assert low.choose(3, context=10) == 0
 
 
 def test_controller_learns_and_stops_drafting():
-    c = LengthController([1.0, 1.5, 1.7, 1.9, 2.0], max_len=4, prior=0.6, probe_every=5)
-    assert c.choose(4) > 0
+    c = LengthController(flat([1.0, 1.5, 1.7, 1.9, 2.0]), max_len=4, stats=AcceptanceStats(prior=0.8), probe_every=5)
+    assert c.choose(4, context=10) > 0
     for _ in range(30):
         c.update(4, 0)
-    choices = [c.choose(4) for _ in range(10)]
+    choices = [c.choose(4, context=10) for _ in range(10)]
     assert choices.count(0) == 8 and choices.count(4) == 2  # idle, with a full-length probe every 5 steps
 
 
 def test_controller_never_drafts_when_nothing_can_pay():
     # a draft model costing 0.9 forwards per token against a steep verify curve: even perfect
     # acceptance loses, so neither drafting nor probing happens
-    c = LengthController([1.0, 2.0, 2.3, 2.5], max_len=3, prior=1.0, draft_cost=0.9, probe_every=1)
-    assert not c.can_pay
-    assert [c.choose(3) for _ in range(5)] == [0] * 5
+    c = LengthController(flat([1.0, 2.0, 2.3, 2.5]), max_len=3, stats=AcceptanceStats(prior=1.0, prior_weight=1e9),
+                         probe_every=1)
+    assert not c.can_pay(3, context=10, draft_cost=0.9)
+    assert [c.choose(3, context=10, draft_cost=0.9) for _ in range(5)] == [0] * 5
+    assert c.choose(3, context=10, draft_cost=0.0) == 3
 
 
 def test_controller_forgets_old_evidence():
-    c = LengthController([1.0, 1.1, 1.2], max_len=2, prior=0.5, decay=0.8)
+    c = LengthController(flat([1.0, 1.1, 1.2]), max_len=2, stats=AcceptanceStats(prior=0.5, decay=0.8))
     for _ in range(20):
         c.update(2, 2)
     assert c.acceptance()[0] > 0.8  # about 5 effective observations against a prior weight of 2
     for _ in range(10):
         c.update(2, 0)
     assert c.acceptance()[0] < 0.3
+
+
+def test_controller_follows_context_dependent_costs():
+    # verification gets relatively dearer as the context grows: the same acceptance pays at a short
+    # context and not at a long one
+    costs = CostModel({64: [0.010, 0.014, 0.016], 2048: [0.020, 0.050, 0.070]})
+    c = LengthController(costs, max_len=2, stats=AcceptanceStats(prior=0.7, prior_weight=1e9))
+    assert c.choose(2, context=64) == 2
+    assert c.choose(2, context=2048) == 0
+
+
+def test_cost_model_interpolates_and_learns():
+    costs = CostModel({64: [0.010, 0.020], 1024: [0.013, 0.025]})
+    assert costs.relative(544) == pytest.approx([1.0, 0.0225 / 0.0115])
+    assert costs.seconds(0, 2048) == pytest.approx(0.013 + 0.003 * 1024 / 960)  # extrapolated
+    for _ in range(60):
+        costs.observe(1, 64, 0.040)  # batched forwards are slower than measured: all of them
+    assert costs.seconds(1, 64) == pytest.approx(0.040, rel=0.05)
+    assert costs.seconds(1, 1024) == pytest.approx(0.050, rel=0.05)
+    assert costs.seconds(0, 64) == pytest.approx(0.010)  # single-token forwards unchanged
+    costs.observe(1, 64, 10.0)  # one outlier moves the estimate little
+    assert costs.seconds(1, 64) < 0.05
 
 
 def test_shadow_ledger_scores_withheld_guesses():

@@ -1,12 +1,12 @@
 """How long to draft: the length that maximizes expected tokens per second, or nothing.
 
 Verifying ``k`` drafted tokens costs ``cost[k]`` target forwards' worth of time (``cost[0] == 1``
-is plain decoding; on a CPU ``cost[4]`` is 1.3x-2.5x depending on the weight type and build, so
-drafting is not free). With per-position acceptance ``a_1, a_2, ...`` (position d accepted given
+is plain decoding; on a CPU ``cost[4]`` is 1.3x-2.8x depending on the weight type, the build and
+the context length, so drafting is not free; ``CostModel`` knows the curve). With per-position acceptance ``a_1, a_2, ...`` (position d accepted given
 d - 1 was), drafting ``k`` tokens emits ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k`` tokens per
 step, and with a draft model costing ``draft_cost`` forwards per token the speed relative to plain
 decoding is ``E(k) / (cost[k] + k * draft_cost)``. ``choose`` returns the best ``k``, or 0 (draft
-nothing) when no ``k`` beats 1.0.
+nothing) when no ``k`` promises more than ``min_gain``.
 
 Worked example: cost ``[1, 1.8, 2.0, 2.1]``, acceptance ``[0.9, 0.9, 0.9]``: E = 1.9, 2.71, 3.44,
 speeds 1.06, 1.36, 1.64: draft 3. With acceptance ``[0.3, ...]`` every speed is below 1: draft 0.
@@ -22,71 +22,35 @@ guesses cost a forward instead probe now and then with ``probe_every``.
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
+
+from backends.core.costs import CostModel
 
 
-class LengthController:
-    """Online per-position acceptance estimates (one set per ``bucket``) and the length choice."""
+class AcceptanceStats:
+    """Per-position acceptance counts, one set per ``bucket``, with exponential forgetting.
 
-    def __init__(
-        self,
-        costs: Sequence[float],
-        *,
-        max_len: int,
-        prior: float = 0.6,
-        prior_weight: float = 2.0,
-        draft_cost: float = 0.0,
-        probe_every: int | None = None,
-        decay: float = 0.97,
-    ) -> None:
-        if not costs or costs[0] <= 0:
-            raise ValueError("costs must start with the cost of one-token decoding (> 0)")
-        self.costs = [c / costs[0] for c in costs]
-        self.max_len = min(max_len, len(self.costs) - 1)
+    A drafter keeps one of these for the whole session (not per answer), so what it learned about
+    this model's habits carries over to the next answer. ``prior`` gives each bucket's starting
+    estimate (a number, or a function of the bucket).
+    """
+
+    def __init__(self, *, prior: float | Callable[[Hashable], float] = 0.3, prior_weight: float = 2.0,
+                 decay: float = 0.97) -> None:
         self.prior = prior
         self.prior_weight = prior_weight
-        self.draft_cost = draft_cost
-        self.probe_every = probe_every
         self.decay = decay
         self._counts: dict[Hashable, list[list[float]]] = {}  # bucket -> [[accepted, tried] per position]
-        self._idle: dict[Hashable, int] = {}
-        # Even perfect acceptance cannot pay when verification and drafting cost too much.
-        self.can_pay = any((k + 1) / (self.costs[k] + k * draft_cost) > 1.0 for k in range(1, self.max_len + 1))
 
-    def acceptance(self, bucket: Hashable = None) -> list[float]:
+    def acceptance(self, bucket: Hashable = None, positions: int = 16) -> list[float]:
         """Estimated conditional acceptance per draft position, smoothed toward the prior."""
+        prior = self.prior(bucket) if callable(self.prior) else self.prior
         counts = self._counts.get(bucket, [])
         rates = []
-        for d in range(self.max_len):
+        for d in range(positions):
             acc, tried = counts[d] if d < len(counts) else (0.0, 0.0)
-            rates.append((acc + self.prior * self.prior_weight) / (tried + self.prior_weight))
+            rates.append((acc + prior * self.prior_weight) / (tried + self.prior_weight))
         return rates
-
-    def speedup(self, k: int, bucket: Hashable = None) -> float:
-        """Expected speed of drafting ``k`` tokens relative to plain decoding."""
-        expected, survive = 1.0, 1.0
-        for a in self.acceptance(bucket)[:k]:
-            survive *= a
-            expected += survive
-        return expected / (self.costs[k] + k * self.draft_cost)
-
-    def choose(self, available: int, bucket: Hashable = None) -> int:
-        """How many of ``available`` candidate tokens to draft now (0: none)."""
-        limit = min(available, self.max_len)
-        if limit <= 0 or not self.can_pay:
-            return 0
-        best_k, best = 0, 1.0
-        for k in range(1, limit + 1):
-            s = self.speedup(k, bucket)
-            if s > best:
-                best_k, best = k, s
-        if best_k == 0 and self.probe_every:
-            idle = self._idle.get(bucket, 0) + 1
-            self._idle[bucket] = idle
-            if idle >= self.probe_every:  # keep learning: try the full length once
-                self._idle[bucket] = 0
-                return limit
-        return best_k
 
     def update(self, drafted: int, accepted: int, bucket: Hashable = None) -> None:
         """Record one verdict: positions 1..accepted+1 were tried, 1..accepted accepted."""
@@ -100,6 +64,64 @@ class LengthController:
             counts[d][1] += 1.0
             if d < accepted:
                 counts[d][0] += 1.0
+
+
+class LengthController:
+    """The length choice from acceptance estimates and the cost model."""
+
+    def __init__(
+        self,
+        costs: CostModel,
+        *,
+        max_len: int,
+        stats: AcceptanceStats | None = None,
+        probe_every: int | None = None,
+        min_gain: float = 1.05,
+    ) -> None:
+        self.costs = costs
+        self.max_len = min(max_len, costs.k_max)
+        self.stats = stats or AcceptanceStats()
+        self.probe_every = probe_every
+        self.min_gain = min_gain  # expected speedup a draft must promise (covers estimation noise)
+        self._idle: dict[Hashable, int] = {}
+
+    def acceptance(self, bucket: Hashable = None) -> list[float]:
+        return self.stats.acceptance(bucket, self.max_len)
+
+    def update(self, drafted: int, accepted: int, bucket: Hashable = None) -> None:
+        self.stats.update(drafted, accepted, bucket)
+
+    def speedups(self, limit: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0) -> list[float]:
+        """Expected speed of drafting k = 0..limit tokens relative to plain decoding."""
+        cost = self.costs.relative(context)
+        out, expected, survive = [1.0], 1.0, 1.0
+        for k, a in enumerate(self.acceptance(bucket)[:limit], start=1):
+            survive *= a
+            expected += survive
+            out.append(expected / (cost[k] + k * draft_cost))
+        return out
+
+    def can_pay(self, limit: int, *, context: int, draft_cost: float = 0.0) -> bool:
+        """Whether even perfect acceptance would beat plain decoding."""
+        cost = self.costs.relative(context)
+        return any((k + 1) / (cost[k] + k * draft_cost) > self.min_gain for k in range(1, min(limit, self.max_len) + 1))
+
+    def choose(self, available: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0) -> int:
+        """How many of ``available`` candidate tokens to draft now (0: none)."""
+        limit = min(available, self.max_len)
+        if limit <= 0:
+            return 0
+        speeds = self.speedups(limit, context=context, bucket=bucket, draft_cost=draft_cost)
+        best = max(range(limit + 1), key=speeds.__getitem__)
+        if speeds[best] > self.min_gain:
+            return best
+        if self.probe_every and self.can_pay(limit, context=context, draft_cost=draft_cost):
+            idle = self._idle.get(bucket, 0) + 1
+            self._idle[bucket] = idle
+            if idle >= self.probe_every:  # keep learning: try the full length once
+                self._idle[bucket] = 0
+                return limit
+        return 0
 
 
 class ShadowLedger:

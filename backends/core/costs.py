@@ -1,18 +1,22 @@
-"""Measuring what verification costs on this machine, so drafting lengths are chosen, not guessed.
+"""What verification costs on this machine, so draft lengths are chosen, not guessed.
 
-``measure_verify_costs(target, 8)`` times one forward of the root plus ``k`` drafted tokens for
-k = 0..8 and returns the cost relative to k = 0 (plain decoding). On a CPU it is far from flat:
-a quantized SmolLM2 verifying 4 extra tokens can cost 2-3 plain forwards, an F16 one 1.3-2.3x,
-depending on the build's matrix kernels. Repetitions are interleaved across k so a burst of load
-from another process spreads over all lengths instead of bending one of them, and the curve is
-made non-decreasing (a longer batch never really costs less).
+One forward over the root plus ``k`` drafted tokens costs far more than one token on a CPU, and
+how much more depends on the weight type, the build's matrix kernels and the context length
+(every drafted token attends to the whole context). Measured here for SmolLM2 F16 on 2 cores,
+relative to one token: k = 4 costs 2.4x at 64 tokens of context and 2.8x at 1024; k = 16 costs
+5.2x and 7.3x. A fixed draft length loses on one machine or another; so the curve is measured.
+
+``time_forwards`` measures a curve at one context length. ``CostModel`` holds curves at two or
+more context lengths, interpolates between them, and keeps learning from the verify times the
+target reports while generating (``observe``): a machine that gets busier or a context that grows
+past the measured range shifts the estimates within a few steps.
 """
 
 from __future__ import annotations
 
-import statistics
+import bisect
 import time
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from backends.core.protocols import Target
 from backends.core.types import Proposal, Verdict
@@ -20,10 +24,15 @@ from backends.core.types import Proposal, Verdict
 _KEEP_ROOT = Verdict(path=(), tokens=(0,), drafted=0, draft_depth=0)
 
 
-def time_forwards(target: Target, k_max: int, *, reps: int = 5, context: int = 64,
+def time_forwards(target: Target, k_max: int, *, reps: int = 3, context: int = 64,
                   clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Median seconds of one verify with k = 0..k_max drafted tokens. Leaves the cache empty."""
+    """Fastest seconds of one verify with k = 0..k_max drafted tokens after ``context`` tokens.
+
+    Repetitions are interleaved across k, so a burst of load from another process spreads over
+    all lengths instead of bending one of them. Leaves the target's cache empty.
+    """
     token = min(100, target.n_vocab - 1)
+    context = max(1, min(context, target.n_ctx - k_max - 2))
     target.reset()
     target.prefill([token] * context)
     samples: list[list[float]] = [[] for _ in range(k_max + 1)]
@@ -35,14 +44,95 @@ def time_forwards(target: Target, k_max: int, *, reps: int = 5, context: int = 6
             target.commit(_KEEP_ROOT)
             target.truncate(context)
     target.reset()
-    return [statistics.median(s[1:]) for s in samples]
+    return [min(s[1:]) for s in samples]  # interference only ever adds time
 
 
-def measure_verify_costs(target: Target, k_max: int, *, reps: int = 5) -> tuple[float, ...]:
-    """Relative cost of verifying 0..k_max drafted tokens (1.0 = one plain decoding step)."""
-    seconds = time_forwards(target, k_max, reps=reps)
-    costs, highest = [], 0.0
-    for s in seconds:
-        highest = max(highest, s / seconds[0])
-        costs.append(highest)
-    return tuple(costs)
+class CostModel:
+    """Seconds of a verify forward with ``k`` drafted tokens at a given context length.
+
+    ``curves`` maps a context length to measured seconds for k = 0..K. Between measured lengths
+    the seconds are interpolated linearly, beyond them extrapolated from the last two (attention
+    cost grows linearly with context). ``observe`` folds real verify times in as correction
+    factors (exponential moving averages, one for single-token forwards and one for batched ones),
+    so the model tracks drift and errors of the first measurement.
+
+    Example: ``CostModel({64: [0.010, 0.020], 1024: [0.013, 0.025]}).relative(544)`` is
+    ``[1.0, 1.94]``: 0.0115 s and 0.0225 s at the midpoint.
+    """
+
+    def __init__(self, curves: Mapping[int, Sequence[float]], *, smoothing: float = 0.1) -> None:
+        if not curves:
+            raise ValueError("a cost model needs at least one measured curve")
+        self.contexts = sorted(curves)
+        self.k_max = min(len(curves[c]) for c in self.contexts) - 1
+        self._curves = [list(curves[c][: self.k_max + 1]) for c in self.contexts]
+        # Measured/predicted ratios learned while generating: one for single-token forwards, one
+        # shared by all batched ones (their common level is what drifts; the shape holds).
+        self._correction = [1.0, 1.0]
+        self.smoothing = smoothing
+
+    @classmethod
+    def from_relative(cls, costs: Sequence[float]) -> CostModel:
+        """A context-independent model from relative costs (tests, GPUs with flat curves)."""
+        return cls({0: list(costs)})
+
+    def _measured(self, k: int, context: int) -> float:
+        if len(self.contexts) == 1:
+            return self._curves[0][k]
+        i = min(max(bisect.bisect_right(self.contexts, context) - 1, 0), len(self.contexts) - 2)
+        c0, c1 = self.contexts[i], self.contexts[i + 1]
+        t0, t1 = self._curves[i][k], self._curves[i + 1][k]
+        return max(t0 + (t1 - t0) * (context - c0) / (c1 - c0), 1e-9)
+
+    def seconds(self, k: int, context: int) -> float:
+        k = min(k, self.k_max)
+        return self._measured(k, context) * self._correction[min(k, 1)]
+
+    def relative(self, context: int) -> list[float]:
+        """Cost of k = 0..K drafted tokens relative to plain decoding, never decreasing in k."""
+        one = self.seconds(0, context)
+        out, highest = [], 0.0
+        for k in range(self.k_max + 1):
+            highest = max(highest, self.seconds(k, context) / one)
+            out.append(highest)
+        return out
+
+    def observe(self, k: int, context: int, seconds: float) -> None:
+        """Fold one measured verify time into the estimates (one outlier moves them little)."""
+        if k > self.k_max or seconds <= 0:
+            return
+        i = min(k, 1)
+        ratio = min(max(seconds / self._measured(k, context), 0.5 * self._correction[i]), 2.0 * self._correction[i])
+        self._correction[i] += self.smoothing * (ratio - self._correction[i])
+
+
+def measure_curves(target: Target, k_max: int, *, contexts: Sequence[int] = (64, 1024), reps: int = 2) -> dict[int, list[float]]:
+    """Seconds per verify for k = 0..k_max at a short and a long context (capped by n_ctx)."""
+    usable = sorted({max(1, min(c, target.n_ctx - k_max - 2)) for c in contexts})
+    return {c: time_forwards(target, k_max, reps=reps, context=c) for c in usable}
+
+
+class CpuWatch:
+    """CPU used by *other* processes while a block runs, in cores (0.0 on a quiet machine).
+
+    On a 2-core machine one busy neighbour slows llama.cpp several-fold, so a timing taken
+    meanwhile must not be trusted (or cached).
+    """
+
+    def __enter__(self) -> CpuWatch:
+        import psutil
+
+        self._proc = psutil.Process()
+        self._t = time.perf_counter()
+        self._sys = psutil.cpu_times()
+        self._mine = self._proc.cpu_times()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import psutil
+
+        wall = max(time.perf_counter() - self._t, 1e-9)
+        sys_now, mine_now = psutil.cpu_times(), self._proc.cpu_times()
+        busy = (sys_now.user + sys_now.system) - (self._sys.user + self._sys.system)
+        mine = (mine_now.user + mine_now.system) - (self._mine.user + self._mine.system)
+        self.other_cores = max(0.0, (busy - mine) / wall)

@@ -87,6 +87,7 @@ class TargetOutput:
 
     logits: np.ndarray  # [1 + n_nodes, vocab] float32
     hidden: np.ndarray | None = None  # [1 + n_nodes, d_model], only from targets offering HIDDEN_STATES
+    seconds: float = 0.0  # wall time of the forward as the target measured it (feeds the cost model)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ Front ends list methods, build settings forms from the dataclass fields and grey
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
 
+from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
 from backends.core.types import HIDDEN_STATES, TREE, SamplingSettings
@@ -35,11 +36,13 @@ class DrafterResources:
 
     sampling: SamplingSettings
     target_vocab: int
-    # Measured lazily, only for methods that draft: relative verify cost for 0..k drafted tokens,
-    # and one draft-model forward relative to one target forward.
-    costs: Callable[[], Sequence[float]] = lambda: ()
+    # Measured lazily, only for methods that draft: the target's verify cost model, and the
+    # seconds of one draft-model forward.
+    costs: Callable[[], CostModel | None] = lambda: None
     draft: Target | None = None
-    draft_cost: Callable[[], float] = lambda: 0.5
+    draft_seconds: Callable[[], float | None] = lambda: None
+    # What drafters learned in earlier answers of this session (acceptance statistics), by key.
+    memory: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,13 @@ def _build_draft(settings: DraftSettings, res: DrafterResources) -> Drafter:
     return DraftModelDrafter(
         res.draft, settings, sampling=res.sampling, target_vocab=res.target_vocab,
         costs=res.costs(),
-        draft_cost=res.draft_cost(),
+        draft_seconds=res.draft_seconds(),
+        stats=res.memory.setdefault(("draft", settings), DraftModelDrafter.new_stats()),
     )
+
+
+def _build_pld(settings: PLDSettings, res: DrafterResources) -> Drafter:
+    return PLDDrafter(settings, costs=res.costs(), stats=res.memory.setdefault(("pld", settings), PLDDrafter.new_stats()))
 
 
 REGISTRY: dict[str, MethodSpec] = {
@@ -78,7 +86,7 @@ REGISTRY: dict[str, MethodSpec] = {
             "pld",
             "prompt lookup: no extra memory, best when the answer repeats the prompt (summaries, code edits, RAG)",
             PLDSettings,
-            lambda s, r: PLDDrafter(s, costs=r.costs()),
+            _build_pld,
         ),
         MethodSpec(
             "draft",

@@ -21,7 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from backends.core.controller import LengthController
+from backends.core.controller import AcceptanceStats, LengthController
+from backends.core.costs import CostModel
 from backends.core.protocols import Target
 from backends.core.sampling import make_rng, sample_token, target_distribution
 from backends.core.types import TREE, Budget, Proposal, SamplingSettings, TargetOutput, Verdict
@@ -58,8 +59,9 @@ class DraftModelDrafter:
         *,
         sampling: SamplingSettings,
         target_vocab: int,
-        costs: Sequence[float] | None = None,
-        draft_cost: float = 0.5,
+        costs: CostModel | None = None,
+        draft_seconds: float | None = None,
+        stats: AcceptanceStats | None = None,
     ) -> None:
         self.draft = draft
         self.settings = settings or DraftSettings()
@@ -68,11 +70,20 @@ class DraftModelDrafter:
         self.target_vocab = target_vocab
         self._rng = make_rng(None if sampling.seed is None else sampling.seed + 1)
         n = self.settings.max_draft
-        self.controller = LengthController(costs or [1.0] * (n + 1), max_len=n, prior=0.8, draft_cost=draft_cost,
-                                           probe_every=16)
+        costs = costs or CostModel.from_relative([1.0] * (n + 1))
+        # Draft-model guesses cost forwards, so unlike prompt lookup this drafter probes now and then.
+        self.controller = LengthController(costs, max_len=n, stats=stats or self.new_stats(), probe_every=16)
+        # One draft forward in seconds (moving average of measured ones); None: assume half a target forward.
+        self._draft_seconds = draft_seconds
+        self._context_len = 0
         self._pending: list[int] = []
         self._decoded: list[int] = []  # chain tokens decoded into the draft during the last proposal
         self._base = 0  # draft n_past before those
+
+    @staticmethod
+    def new_stats() -> AcceptanceStats:
+        """A draft model of the same family usually agrees with its target: start at 0.8."""
+        return AcceptanceStats(prior=0.8)
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.draft.prefill(prompt[:-1])
@@ -83,8 +94,9 @@ class DraftModelDrafter:
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         room = self.draft.n_ctx - self.draft.n_past - len(self._pending)
         length = min(self.settings.max_draft, budget.max_depth, budget.max_nodes, room)
+        self._context_len = len(context)
         if self.settings.adaptive:
-            length = self.controller.choose(length) if length > 0 else 0
+            length = self.controller.choose(length, context=len(context), draft_cost=self._draft_cost(len(context)))
         self._decoded = []
         self._base = self.draft.n_past
         if length <= 0:
@@ -116,7 +128,19 @@ class DraftModelDrafter:
         has_q = any(q is not None for q in probs)
         return Proposal(tuple(tokens), tuple(parents), tuple(probs) if has_q else None)
 
+    def _draft_cost(self, context: int) -> float:
+        """One draft forward relative to one target forward at this context length."""
+        target_s = self.controller.costs.seconds(0, context)
+        return 0.5 if self._draft_seconds is None else self._draft_seconds / target_s
+
+    def _timed(self, out: TargetOutput) -> TargetOutput:
+        if out.seconds > 0:
+            prev = self._draft_seconds if self._draft_seconds is not None else out.seconds
+            self._draft_seconds = 0.9 * prev + 0.1 * out.seconds
+        return out
+
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)
         if verdict.drafted:
             self.controller.update(verdict.draft_depth, verdict.accepted)
         accepted = list(verdict.tokens[:-1])
@@ -139,7 +163,7 @@ class DraftModelDrafter:
         return out.logits[-1]
 
     def _advance(self, token: int) -> np.ndarray:
-        out = self.draft.verify(token, Proposal())
+        out = self._timed(self.draft.verify(token, Proposal()))
         self.draft.commit(_TAKE_ALL)
         self._decoded.append(token)
         return out.logits[0]

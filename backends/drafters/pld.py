@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from backends.core.controller import LengthController, ShadowLedger
+from backends.core.controller import AcceptanceStats, LengthController, ShadowLedger
+from backends.core.costs import CostModel
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 
 
@@ -29,6 +30,28 @@ class PLDSettings:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram <= 16, got {self.min_ngram}, {self.max_ngram}")
         if not 1 <= self.max_draft <= 64:
             raise ValueError(f"max_draft must be in 1..64, got {self.max_draft}")
+
+
+MAX_SPAN = 32
+
+
+@dataclass(frozen=True)
+class Match:
+    """A lookup result: the guessed continuation, the n-gram that matched, and how far back the
+    context keeps agreeing with the earlier occurrence (``span`` >= ``ngram``, capped at 32). A
+    long span means the answer is quoting a passage, and quotes tend to go on."""
+
+    tokens: list[int]
+    ngram: int
+    span: int
+
+
+NO_MATCH = Match([], 0, 0)
+
+
+def span_class(span: int) -> int:
+    """Buckets for acceptance statistics: 0, 1, 2, 3, 4-7, 8-15, 16+."""
+    return span if span < 4 else 4 if span < 8 else 8 if span < 16 else 16
 
 
 class NgramIndex:
@@ -62,18 +85,21 @@ class NgramIndex:
                 self._last[tuple(toks[i - n + 1 : i + 1])] = i
         self._indexed = max(self._indexed, end)
 
-    def lookup(self, max_len: int) -> tuple[list[int], int]:
-        """(continuation, matched n-gram size) for the current suffix; ([], 0) when none."""
+    def lookup(self, max_len: int) -> Match:
+        """The continuation of the longest suffix that occurred before (empty ``Match`` if none)."""
         toks = self.tokens
         last = len(toks) - 1
         if last < 1 or max_len <= 0:
-            return [], 0
+            return NO_MATCH
         self._index_until(last)  # everything except the suffix's own end
         for n in range(min(self.max_ngram, last), self.min_ngram - 1, -1):
             end = self._last.get(tuple(toks[last - n + 1 :]))
             if end is not None:
-                return toks[end + 1 : end + 1 + max_len], n
-        return [], 0
+                span = n
+                while span < MAX_SPAN and end - span >= 0 and toks[end - span] == toks[last - span]:
+                    span += 1
+                return Match(toks[end + 1 : end + 1 + max_len], n, span)
+        return NO_MATCH
 
 
 class PLDDrafter:
@@ -81,36 +107,58 @@ class PLDDrafter:
 
     Lookups are free, so every step makes one; when the controller withholds it, the guess goes to
     a ``ShadowLedger`` and is scored against what the target emits next. The controller thus
-    learns this text's acceptance without paying for a single probe.
+    learns this text's acceptance without paying for a single probe. Estimates are kept apart by
+    the length of the matching span and by whether the previous guess was right, since copying
+    comes in runs: inside a quoted passage the next guess is far likelier to hold (measured on
+    SmolLM2 answers to Spec-Bench: the first guessed token holds 23% of the time after a one-token
+    match and 96% after a 16-token one). The statistics live as long as the session, so each
+    answer starts from what the previous ones taught.
     """
 
     requires: frozenset[str] = frozenset()
 
-    def __init__(self, settings: PLDSettings | None = None, *, costs: Sequence[float] | None = None) -> None:
+    def __init__(self, settings: PLDSettings | None = None, *, costs: CostModel | None = None,
+                 stats: AcceptanceStats | None = None) -> None:
         self.settings = settings or PLDSettings()
-        self.controller = LengthController(costs or [1.0] * (self.settings.max_draft + 1), max_len=self.settings.max_draft)
-        self._index = NgramIndex(self.settings.max_ngram, self.settings.min_ngram)
-        self._shadow = ShadowLedger()
-        self._bucket = 0
+        costs = costs or CostModel.from_relative([1.0] * (self.settings.max_draft + 1))
+        self.controller = LengthController(costs, max_len=self.settings.max_draft, stats=stats or self.new_stats())
+        self.begin([])
+
+    @staticmethod
+    def new_stats() -> AcceptanceStats:
+        """Fresh statistics whose prior trusts long matches more: span s starts at s / (s + 2.5)
+        (0.29 for a single matching token, 0.86 for a quoted run of 16)."""
+        return AcceptanceStats(prior=lambda bucket: bucket[0] / (bucket[0] + 2.5))
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._index = NgramIndex(self.settings.max_ngram, self.settings.min_ngram)
         self._index.extend(prompt)
         self._shadow = ShadowLedger()
+        self._bucket: tuple[int, bool] = (0, False)
+        self._hot = False  # was the most recent guess right?
+        self._context_len = len(prompt)
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._index.sync(context)
+        self._context_len = len(context)
         for guessed, matched, bucket in self._shadow.resolve(context):
             self.controller.update(guessed, matched, bucket)
-        tokens, n = self._index.lookup(self.settings.max_draft)
-        self._bucket = n
+            self._hot = matched > 0
+        match = self._index.lookup(self.settings.max_draft)
+        tokens = match.tokens
+        self._bucket = (span_class(match.span), self._hot)
         available = min(len(tokens), budget.max_depth, budget.max_nodes)
-        k = available if not self.settings.adaptive else self.controller.choose(available, bucket=n)
+        if self.settings.adaptive:
+            k = self.controller.choose(available, context=len(context), bucket=self._bucket)
+        else:
+            k = available
         if k == 0:
-            self._shadow.add(len(context), tokens, n)
+            self._shadow.add(len(context), tokens, self._bucket)
             return EMPTY_PROPOSAL
         return Proposal.chain(tokens[:k])
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)
         if verdict.drafted:
             self.controller.update(verdict.drafted, verdict.accepted, bucket=self._bucket)
+            self._hot = verdict.accepted > 0

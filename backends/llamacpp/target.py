@@ -17,8 +17,8 @@ re-decodes the same logits afterwards.
 
 from __future__ import annotations
 
-import ctypes
 import os
+import time
 from typing import Sequence
 
 import numpy as np
@@ -161,6 +161,7 @@ class LlamaTarget:
     # -- verify / commit -----------------------------------------------------------------------
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
         """Decode the root and the whole proposal in one ``llama_decode``; logits for every node."""
+        start = time.perf_counter()
         n = 1 + proposal.size
         if n > self._capacity:
             raise BackendError(f"a proposal of {proposal.size} nodes exceeds the batch size {self._capacity}")
@@ -174,7 +175,7 @@ class LlamaTarget:
         self._decode(n)
         self._pending = (root, list(proposal.tokens), paths)
         logits = np.ctypeslib.as_array(llama().llama_get_logits(self.ctx), shape=(n, self.n_vocab))
-        return TargetOutput(logits=logits.copy())  # [1 + n_nodes, vocab]
+        return TargetOutput(logits=logits.copy(), seconds=time.perf_counter() - start)  # [1 + n_nodes, vocab]
 
     def commit(self, verdict: Verdict) -> None:
         """Keep the root and the accepted path; drop every other node of the last verify."""
