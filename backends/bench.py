@@ -112,6 +112,8 @@ class BenchConfig:
     repeats: int = 1
     n_ctx: int = 4096
     n_threads: int | None = None
+    n_gpu_layers: int = 0
+    flash_attn: str = "auto"
     method_settings: dict = field(default_factory=dict)  # method -> {setting: value}
 
 
@@ -382,7 +384,8 @@ def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO
     sampling = SamplingSettings(temperature=config.temperature, seed=config.seed)
     gen = GenerationSettings(max_new_tokens=config.max_new_tokens, sampling=sampling)
     session = Session(SessionConfig(model=config.model, draft_model=config.draft_model, n_ctx=config.n_ctx,
-                                    n_threads=config.n_threads))
+                                    n_threads=config.n_threads, n_gpu_layers=config.n_gpu_layers,
+                                    flash_attn=config.flash_attn))
     try:
         return _run(session, config, methods, prompts, gen, out, progress)
     finally:
@@ -392,7 +395,7 @@ def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO
 def _run(session: Session, config: BenchConfig, methods: list[str], prompts: list[BenchPrompt],
          gen: GenerationSettings, out: TextIO, progress: TextIO) -> dict:
     costs = session.cost_model()  # measured once, shared by every method of this run
-    draft_seconds = session.draft_seconds()
+    draft_costs = session.draft_cost_model()
     runners = {m: PeerRunner(session, m) if m in PEERS else EngineRunner(session, m, config.method_settings.get(m, {}))
                for m in methods}
     for context in costs.contexts:
@@ -429,7 +432,8 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
             "per_category": config.per_category, "repeats": config.repeats, "n_threads": session.target.n_threads,
             "verify_costs": {c: costs.relative(c) for c in costs.contexts},
             "one_token_seconds": {c: costs.seconds(0, c) for c in costs.contexts},
-            "draft_seconds": draft_seconds, "prompts": len(prompts)}
+            "draft_one_token_seconds": {c: draft_costs.seconds(0, c) for c in draft_costs.contexts} if draft_costs else None,
+            "prompts": len(prompts)}
     return {"meta": meta, "summary": _clean(summary), "records": _clean(records)}
 
 

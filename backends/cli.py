@@ -28,6 +28,8 @@ def _add_session_args(p: argparse.ArgumentParser, *, default_model: str) -> None
     p.add_argument("--draft-model", default=None, help="draft model (id or path) for the draft method")
     p.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
+    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (CUDA/Vulkan/Metal builds)")
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, *, temperature: float) -> None:
@@ -83,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     mlist.add_argument("--json", action="store_true")
     mpath = msub.add_parser("path", help="print a model's path (deriving it first if needed)")
     mpath.add_argument("id")
+    minfo = msub.add_parser("info", help="GGUF metadata of a model, read without loading it")
+    minfo.add_argument("id", help="known id or path to a .gguf file")
+    minfo.add_argument("--json", action="store_true")
     mderive = msub.add_parser("derive", help="make derived variants (all by default)")
     mderive.add_argument("ids", nargs="*")
     mderive.add_argument("--force", action="store_true", help="make them again even if current")
@@ -120,6 +125,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.models_command == "path":
         print(resolve_model(args.id))
         return 0
+    if args.models_command == "info":
+        return _models_info(resolve_model(args.id), as_json=args.json)
     ids = args.ids or [m for m, e in CATALOG.items() if e.derived or m == "gemma3-270m-q4_k_m"]
     for model_id in ids:
         path = ensure(model_id, force=args.force, progress=lambda msg: print(msg, file=sys.stderr))
@@ -127,17 +134,45 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models_info(path: Path, *, as_json: bool) -> int:
+    from dataclasses import asdict
+
+    from backends.models.gguf_info import read_gguf_info
+
+    info = read_gguf_info(path)
+    if as_json:
+        data = asdict(info)
+        data["vocab"] = {k: v for k, v in data["vocab"].items() if k != "tokens"}
+        print(json.dumps(data, indent=1))
+        return 0
+    v = info.vocab
+    print(f"{info.name} ({info.architecture}, {info.file_type}) {path}\n"
+          f"  parameters {info.n_params / 1e6:.1f} M, weights {info.weights_bytes / 2**20:.1f} MiB in {len(info.tensors)} tensors\n"
+          f"  layers {info.n_layer}, embedding {info.n_embd}, heads {info.n_head} (KV {info.n_head_kv}), "
+          f"trained context {info.n_ctx_train}" + (f", sliding window {info.sliding_window}" if info.sliding_window else "") + "\n"
+          f"  vocabulary {v.kind} {v.n_vocab} tokens, BOS {v.bos}, EOS {v.eos}, add BOS {v.add_bos}\n"
+          f"  chat template: {'yes' if info.chat_template else 'none (plain transcript)'}")
+    return 0
+
+
+def _session_config(args: argparse.Namespace):
+    from backends.factory import SessionConfig
+
+    return SessionConfig(model=args.model, draft_model=args.draft_model, n_ctx=args.n_ctx, n_threads=args.threads,
+                         n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn)
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from backends.chat import ChatState, chat_loop
     from backends.core.types import GenerationSettings, SamplingSettings
-    from backends.factory import Session, SessionConfig
+    from backends.factory import Session
 
     sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, sampling=sampling)
     print(f"loading {args.model} ...", file=sys.stderr)
-    with Session(SessionConfig(model=args.model, draft_model=args.draft_model, n_ctx=args.n_ctx,
-                               n_threads=args.threads)) as session:
+    with Session(_session_config(args)) as session:
+        print("checking what verification costs on this machine (measured once per model) ...", file=sys.stderr)
         session.drafter(args.method, sampling, **_method_settings(args.set).get(args.method, {}))  # fail early
         print(f"SpecDeck chat · {session.model.name} ({session.model.path.name}) · method {args.method} · "
               f"context {session.target.n_ctx} · /help for commands, Ctrl+C stops an answer, Ctrl+D quits",
@@ -155,7 +190,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draft_model=args.draft_model, prompts=args.prompts, per_category=args.per_category,
         categories=tuple(c.strip() for c in args.categories.split(",")) if args.categories else None,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, repeats=args.repeats,
-        n_ctx=args.n_ctx, n_threads=args.threads, method_settings=_method_settings(args.set),
+        n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn,
+        method_settings=_method_settings(args.set),
     )
     result = run_bench(config)
     if args.json:

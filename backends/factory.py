@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from backends.core.costs import CostModel, CpuWatch, measure_curves, time_forwards
+from backends.core.costs import CostModel, CpuWatch, measure_curves
 from backends.core.engine import generate
 from backends.core.errors import IncompatibleDraftError, SpecDeckError
 from backends.core.protocols import Drafter
@@ -56,7 +56,7 @@ class Session:
         self.draft_model: LlamaModel | None = None
         self.draft_target: LlamaTarget | None = None
         self._costs: CostModel | None = None
-        self._draft_seconds: float | None = None
+        self._draft_costs: CostModel | None = None
         self._memory: dict = {}  # what drafters learned in earlier answers (see DrafterResources)
         try:
             self.target = self._context(self.model)
@@ -91,32 +91,32 @@ class Session:
         return self.target.offers | ({DRAFT_MODEL} if self.draft_target is not None else frozenset())
 
     def cost_model(self) -> CostModel:
-        """The target's verify cost model: measured once per model, thread count and build."""
+        """The target's verify cost model: measured once per model file, thread count and build."""
         if self._costs is None:
-            self._costs = CostModel(self._cached_curves())
+            self._costs = CostModel(self._cached_curves(self.target, self.model))
         return self._costs
 
-    def _cached_curves(self) -> dict[int, list[float]]:
-        key = json.dumps([str(self.model.path), self.model.path.stat().st_size, self.model.path.stat().st_mtime_ns,
-                          self.target.n_threads, self.config.n_gpu_layers, self.config.flash_attn,
-                          library_version(), COST_CURVE_LENGTH, COST_CONTEXTS, "min-of-reps"])
+    def draft_cost_model(self) -> CostModel | None:
+        """The same for the draft model (its forwards and catch-ups), None without one."""
+        if self._draft_costs is None and self.draft_target is not None and self.draft_model is not None:
+            self._draft_costs = CostModel(self._cached_curves(self.draft_target, self.draft_model))
+        return self._draft_costs
+
+    def _cached_curves(self, target: LlamaTarget, model: LlamaModel) -> dict[int, list[float]]:
+        stat = model.path.stat()
+        key = json.dumps([str(model.path), stat.st_size, stat.st_mtime_ns, target.n_threads, self.config.n_gpu_layers,
+                          self.config.flash_attn, library_version(), COST_CURVE_LENGTH, COST_CONTEXTS, "min-of-reps"])
         path = cache_dir() / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
         try:
             return {int(c): v for c, v in json.loads(path.read_text()).items()}
         except (OSError, ValueError, AttributeError):
             pass
         with CpuWatch() as watch:
-            curves = measure_curves(self.target, COST_CURVE_LENGTH, contexts=COST_CONTEXTS)
+            curves = measure_curves(target, COST_CURVE_LENGTH, contexts=COST_CONTEXTS)
         if watch.other_cores < 0.25:  # a curve taken on a busy machine is used once, never kept
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(curves))
         return curves
-
-    def draft_seconds(self) -> float | None:
-        """Seconds of one draft-model forward (None without a draft model)."""
-        if self._draft_seconds is None and self.draft_target is not None:
-            self._draft_seconds = time_forwards(self.draft_target, 0, reps=5)[0]
-        return self._draft_seconds
 
     # -- answering -----------------------------------------------------------------------------
     def drafter(self, method: str, sampling: SamplingSettings, **settings: Any) -> Drafter:
@@ -129,7 +129,7 @@ class Session:
             target_vocab=self.model.n_vocab,
             costs=self.cost_model,
             draft=self.draft_target,
-            draft_seconds=self.draft_seconds,
+            draft_costs=self.draft_cost_model,
             memory=self._memory,
         )
         drafter = spec.build(spec.settings(**settings), resources)

@@ -23,6 +23,7 @@ from backends.drafters.pld import PLDDrafter, PLDSettings
 from tests.oracle import OracleTarget
 
 COSTS = CostModel.from_relative([1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.35, 1.4])  # GPU-like, nearly flat
+CHEAP_DRAFT = CostModel.from_relative([0.1] * 9)  # a draft forward costs a tenth of a target forward
 
 
 def plain_greedy(oracle: OracleTarget, prompt: list[int], n: int, sampling: SamplingSettings) -> list[int]:
@@ -85,9 +86,11 @@ def drafters_for(oracle: OracleTarget, seed: int, sampling: SamplingSettings):
         "ar": ARDrafter(),
         "pld": PLDDrafter(PLDSettings(), costs=COSTS),
         "draft-chain": DraftModelDrafter(draft_oracle, DraftSettings(min_confidence=0.2), sampling=sampling,
-                                         target_vocab=oracle.n_vocab, costs=COSTS, draft_seconds=0.1),
+                                         target_vocab=oracle.n_vocab, costs=COSTS,
+                                         draft_costs=CHEAP_DRAFT),
         "draft-tree": DraftModelDrafter(draft_oracle, DraftSettings(tree_width=3, min_confidence=0.2), sampling=sampling,
-                                        target_vocab=oracle.n_vocab, costs=COSTS, draft_seconds=0.1),
+                                        target_vocab=oracle.n_vocab, costs=COSTS,
+                                         draft_costs=CHEAP_DRAFT),
         "random-tree": OracleTreeDrafter(oracle, seed, sampling),
     }
 
@@ -209,3 +212,15 @@ def test_stats_are_consistent():
     assert stats.verify_s > 0 and stats.draft_s > 0 and stats.accept_s > 0
     d = stats.to_dict()
     assert d["tau"] == stats.tau and d["acceptance_rate"] == stats.acceptance_rate
+
+
+def test_draft_model_prices_its_catch_up():
+    """After a stretch without drafting the draft must first decode the backlog: a prefill, not a
+    single token. The controller counts it, so it does not start drafting when that cannot pay."""
+    linear = CostModel.from_relative([0.1 * (k + 1) for k in range(9)])  # each caught-up token costs 0.1
+    drafter = DraftModelDrafter(OracleTarget(32, seed=1), DraftSettings(), sampling=SamplingSettings(),
+                                target_vocab=32, costs=COSTS, draft_costs=linear)
+    drafter.begin([1, 2, 3])
+    assert drafter._choose_length(8, context=3) > 0
+    drafter._pending = list(range(30))  # 30 tokens the draft has not seen
+    assert drafter._choose_length(8, context=33) == 0

@@ -91,31 +91,38 @@ class LengthController:
     def update(self, drafted: int, accepted: int, bucket: Hashable = None) -> None:
         self.stats.update(drafted, accepted, bucket)
 
-    def speedups(self, limit: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0) -> list[float]:
-        """Expected speed of drafting k = 0..limit tokens relative to plain decoding."""
+    def speedups(self, limit: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0,
+                 fixed_cost: float = 0.0) -> list[float]:
+        """Expected speed of drafting k = 0..limit tokens relative to plain decoding.
+
+        Drafting ``k`` tokens costs ``cost[k] + fixed_cost + k * draft_cost`` forwards: the verify,
+        a one-off price for drafting at all (a draft model catching up), and each drafted token.
+        """
         cost = self.costs.relative(context)
         out, expected, survive = [1.0], 1.0, 1.0
         for k, a in enumerate(self.acceptance(bucket)[:limit], start=1):
             survive *= a
             expected += survive
-            out.append(expected / (cost[k] + k * draft_cost))
+            out.append(expected / (cost[k] + fixed_cost + k * draft_cost))
         return out
 
-    def can_pay(self, limit: int, *, context: int, draft_cost: float = 0.0) -> bool:
+    def can_pay(self, limit: int, *, context: int, draft_cost: float = 0.0, fixed_cost: float = 0.0) -> bool:
         """Whether even perfect acceptance would beat plain decoding."""
         cost = self.costs.relative(context)
-        return any((k + 1) / (cost[k] + k * draft_cost) > self.min_gain for k in range(1, min(limit, self.max_len) + 1))
+        return any((k + 1) / (cost[k] + fixed_cost + k * draft_cost) > self.min_gain
+                   for k in range(1, min(limit, self.max_len) + 1))
 
-    def choose(self, available: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0) -> int:
+    def choose(self, available: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0,
+               fixed_cost: float = 0.0) -> int:
         """How many of ``available`` candidate tokens to draft now (0: none)."""
         limit = min(available, self.max_len)
         if limit <= 0:
             return 0
-        speeds = self.speedups(limit, context=context, bucket=bucket, draft_cost=draft_cost)
+        speeds = self.speedups(limit, context=context, bucket=bucket, draft_cost=draft_cost, fixed_cost=fixed_cost)
         best = max(range(limit + 1), key=speeds.__getitem__)
         if speeds[best] > self.min_gain:
             return best
-        if self.probe_every and self.can_pay(limit, context=context, draft_cost=draft_cost):
+        if self.probe_every and self.can_pay(limit, context=context, draft_cost=draft_cost, fixed_cost=fixed_cost):
             idle = self._idle.get(bucket, 0) + 1
             self._idle[bucket] = idle
             if idle >= self.probe_every:  # keep learning: try the full length once

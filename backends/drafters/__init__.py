@@ -37,10 +37,10 @@ class DrafterResources:
     sampling: SamplingSettings
     target_vocab: int
     # Measured lazily, only for methods that draft: the target's verify cost model, and the
-    # seconds of one draft-model forward.
+    # draft model's own.
     costs: Callable[[], CostModel | None] = lambda: None
     draft: Target | None = None
-    draft_seconds: Callable[[], float | None] = lambda: None
+    draft_costs: Callable[[], CostModel | None] = lambda: None
     # What drafters learned in earlier answers of this session (acceptance statistics), by key.
     memory: dict = field(default_factory=dict)
 
@@ -69,7 +69,7 @@ def _build_draft(settings: DraftSettings, res: DrafterResources) -> Drafter:
     return DraftModelDrafter(
         res.draft, settings, sampling=res.sampling, target_vocab=res.target_vocab,
         costs=res.costs(),
-        draft_seconds=res.draft_seconds(),
+        draft_costs=res.draft_costs(),
         stats=res.memory.setdefault(("draft", settings), DraftModelDrafter.new_stats()),
     )
 

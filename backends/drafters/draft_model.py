@@ -60,7 +60,7 @@ class DraftModelDrafter:
         sampling: SamplingSettings,
         target_vocab: int,
         costs: CostModel | None = None,
-        draft_seconds: float | None = None,
+        draft_costs: CostModel | None = None,
         stats: AcceptanceStats | None = None,
     ) -> None:
         self.draft = draft
@@ -70,11 +70,11 @@ class DraftModelDrafter:
         self.target_vocab = target_vocab
         self._rng = make_rng(None if sampling.seed is None else sampling.seed + 1)
         n = self.settings.max_draft
+        # Without measurements: verification is flat and a draft forward costs half a target one.
         costs = costs or CostModel.from_relative([1.0] * (n + 1))
+        self.draft_costs = draft_costs or CostModel.from_relative([0.5 * c for c in costs.relative(0)])
         # Draft-model guesses cost forwards, so unlike prompt lookup this drafter probes now and then.
         self.controller = LengthController(costs, max_len=n, stats=stats or self.new_stats(), probe_every=16)
-        # One draft forward in seconds (moving average of measured ones); None: assume half a target forward.
-        self._draft_seconds = draft_seconds
         self._context_len = 0
         self._pending: list[int] = []
         self._decoded: list[int] = []  # chain tokens decoded into the draft during the last proposal
@@ -95,14 +95,31 @@ class DraftModelDrafter:
         room = self.draft.n_ctx - self.draft.n_past - len(self._pending)
         length = min(self.settings.max_draft, budget.max_depth, budget.max_nodes, room)
         self._context_len = len(context)
-        if self.settings.adaptive:
-            length = self.controller.choose(length, context=len(context), draft_cost=self._draft_cost(len(context)))
+        if self.settings.adaptive and length > 0:
+            length = self._choose_length(length, len(context))
         self._decoded = []
         self._base = self.draft.n_past
         if length <= 0:
             return Proposal()
-        row = self._catch_up()
-        history = list(context)
+        return self._draft_tree(self._catch_up(), list(context), length, budget.max_nodes)
+
+    def _choose_length(self, available: int, context: int) -> int:
+        """The controller's choice, priced with this draft's costs: one forward per drafted token
+        after the first, and a catch-up forward over every token the draft has not seen yet
+        (after a stretch without drafting that is a small prefill, not a single token)."""
+        target_s = self.controller.costs.seconds(0, context)
+        per_token = self.draft_costs.seconds(0, context) / target_s
+        catch_up = self._catch_up_seconds(len(self._pending), context) / target_s
+        return self.controller.choose(available, context=context, draft_cost=per_token, fixed_cost=catch_up - per_token)
+
+    def _catch_up_seconds(self, n: int, context: int) -> float:
+        k = n - 1
+        if k <= self.draft_costs.k_max:
+            return self.draft_costs.seconds(k, context)
+        return self.draft_costs.seconds(self.draft_costs.k_max, context) * n / (self.draft_costs.k_max + 1)
+
+    def _draft_tree(self, row: np.ndarray, history: list[int], length: int, max_nodes: int) -> Proposal:
+        """A chain of up to ``length`` draft tokens (plus runner-up leaves when tree_width > 1)."""
         tokens: list[int] = []
         parents: list[int] = []
         probs: list[np.ndarray | None] = []
@@ -115,29 +132,17 @@ class DraftModelDrafter:
             tokens.append(token)
             parents.append(parent)
             probs.append(q)
-            for sibling in self._runners_up(row, token, budget.max_nodes - len(tokens)):
+            for sibling in self._runners_up(row, token, max_nodes - len(tokens)):
                 tokens.append(sibling)
                 parents.append(parent)
                 probs.append(None)
             parent = node
             history.append(token)
-            if depth + 1 < length and confidence >= self.settings.min_confidence:
-                row = self._advance(token)
-            else:
+            if depth + 1 >= length or confidence < self.settings.min_confidence:
                 break
+            row = self._advance(token, len(history))
         has_q = any(q is not None for q in probs)
         return Proposal(tuple(tokens), tuple(parents), tuple(probs) if has_q else None)
-
-    def _draft_cost(self, context: int) -> float:
-        """One draft forward relative to one target forward at this context length."""
-        target_s = self.controller.costs.seconds(0, context)
-        return 0.5 if self._draft_seconds is None else self._draft_seconds / target_s
-
-    def _timed(self, out: TargetOutput) -> TargetOutput:
-        if out.seconds > 0:
-            prev = self._draft_seconds if self._draft_seconds is not None else out.seconds
-            self._draft_seconds = 0.9 * prev + 0.1 * out.seconds
-        return out
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)
@@ -157,13 +162,15 @@ class DraftModelDrafter:
         """Decode every pending token in one forward; the draft's logits for the next token."""
         root, rest = self._pending[0], self._pending[1:]
         out = self.draft.verify(root, Proposal.chain(rest))
+        self.draft_costs.observe(len(rest), self._context_len, out.seconds)
         self.draft.commit(_chain_verdict(len(rest)))
         self._pending = []
         self._base = self.draft.n_past
         return out.logits[-1]
 
-    def _advance(self, token: int) -> np.ndarray:
-        out = self._timed(self.draft.verify(token, Proposal()))
+    def _advance(self, token: int, context: int) -> np.ndarray:
+        out = self.draft.verify(token, Proposal())
+        self.draft_costs.observe(0, context, out.seconds)
         self.draft.commit(_TAKE_ALL)
         self._decoded.append(token)
         return out.logits[0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from functools import cached_property
 from pathlib import Path
 
@@ -57,7 +58,8 @@ class LlamaModel:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        if not sys.is_finalizing():
+            self.close()
 
     # -- metadata ------------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:

@@ -18,6 +18,7 @@ re-decodes the same logits afterwards.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Sequence
 
@@ -104,7 +105,8 @@ class LlamaTarget:
             self.ctx = None
 
     def __del__(self) -> None:
-        self.close()
+        if not sys.is_finalizing():
+            self.close()
 
     def _views(self) -> None:
         cap, b = self._capacity, self._batch
@@ -172,7 +174,13 @@ class LlamaTarget:
             paths = None
         else:
             paths = self._fill_tree(root, proposal)
-        self._decode(n)
+        try:
+            self._decode(n)
+        except BackendError:
+            if paths is not None:  # undo the prefix copies so the cache is as before
+                for s in range(1, len(paths)):
+                    llama().llama_memory_seq_rm(self.mem, s, -1, -1)
+            raise
         self._pending = (root, list(proposal.tokens), paths)
         logits = np.ctypeslib.as_array(llama().llama_get_logits(self.ctx), shape=(n, self.n_vocab))
         return TargetOutput(logits=logits.copy(), seconds=time.perf_counter() - start)  # [1 + n_nodes, vocab]
