@@ -338,24 +338,30 @@ def _sum_lists(rows: list[dict], key: str) -> list[int]:
 
 
 def markdown(summary: dict, methods: Sequence[str]) -> str:
-    """Two tables: speedup per category, then the details of the overall row."""
+    """Two tables: speedup per category, then every figure per method and category."""
     cats = sorted({c for m in summary.values() for c in m if c != "overall"}) + ["overall"]
     lines = ["| method | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
     for m in methods:
         cells = [_fmt(summary[m].get(c, {}).get("speedup"), "{:.2f}x") for c in cats]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += ["", "| method | tok/s | speedup | ideal | efficiency | tau | acceptance | by position | draft s | verify s | exact match | divergence margins | noisy runs |",
-              "|---" * 13 + "|"]
+    lines += ["", "| method | category | tok/s | speedup | ideal | efficiency | tau | acceptance | by position "
+              "| draft s | verify s | exact match | divergence margins | noisy runs |", "|---" * 14 + "|"]
     for m in methods:
-        g = summary[m]["overall"]
-        by_pos = " ".join(_fmt(a, "{:.2f}") for a in g["acceptance_by_position"][:8]) or "-"
-        margins = ", ".join(f"{x:.3f}" for x in g["divergence_margins"][:6]) or "-"
-        lines.append(
-            f"| {m} | {_fmt(g['decode_tok_s'], '{:.1f}')} | {_fmt(g['speedup'], '{:.2f}x')} | {_fmt(g['ideal_speedup'], '{:.2f}x')} "
-            f"| {_fmt(g['efficiency'], '{:.2f}')} | {_fmt(g['tau'], '{:.2f}')} | {_fmt(g['acceptance_rate'], '{:.0%}')} | {by_pos} "
-            f"| {g['draft_s']:.1f} | {g['verify_s']:.1f} | {g['exact_match_rate']:.0%} | {margins} | {g['noisy_runs']} |"
-        )
+        for c in cats:
+            if c in summary[m]:
+                lines.append(_detail_row(m, c, summary[m][c]))
     return "\n".join(lines)
+
+
+def _detail_row(method: str, category: str, g: dict) -> str:
+    by_pos = " ".join(_fmt(a, "{:.2f}") for a in g["acceptance_by_position"][:8]) or "-"
+    margins = ", ".join(f"{x:.3f}" for x in g["divergence_margins"][:4]) or "-"
+    if len(g["divergence_margins"]) > 4:
+        margins += f" (+{len(g['divergence_margins']) - 4}, max {max(g['divergence_margins']):.3f})"
+    return (f"| {method} | {category} | {_fmt(g['decode_tok_s'], '{:.1f}')} | {_fmt(g['speedup'], '{:.2f}x')} "
+            f"| {_fmt(g['ideal_speedup'], '{:.2f}x')} | {_fmt(g['efficiency'], '{:.2f}')} | {_fmt(g['tau'], '{:.2f}')} "
+            f"| {_fmt(g['acceptance_rate'], '{:.0%}')} | {by_pos} | {g['draft_s']:.1f} | {g['verify_s']:.1f} "
+            f"| {g['exact_match_rate']:.0%} | {margins} | {g['noisy_runs']} |")
 
 
 def _fmt(value, pattern: str) -> str:

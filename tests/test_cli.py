@@ -109,3 +109,28 @@ def test_memory_does_not_grow_over_50_generations(smollm_q4_path):
                 gc.collect()
                 rss.append(process.memory_info().rss)
     assert rss[1] - rss[0] < 50 * 2**20, f"RSS grew by {(rss[1] - rss[0]) / 2**20:.1f} MiB"
+
+
+def test_chat_ctrl_c_stops_the_answer_and_the_chat_goes_on():
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "backends.cli", "chat", "--max-new-tokens", "3000"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write("Count from 1 to 2000, one number per line.\n")
+        proc.stdin.flush()
+        seen = ""
+        deadline = time.monotonic() + 120
+        while "assistant> " not in seen or len(seen.split("assistant> ", 1)[1]) < 20:
+            assert time.monotonic() < deadline, "no streamed answer"
+            seen += proc.stdout.read(1)
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(input="Say hello.\n", timeout=120)
+    finally:
+        proc.kill()
+    output = seen + rest
+    stats = [line for line in output.splitlines() if line.startswith("[pld")]
+    assert proc.returncode == 0, err
+    assert len(stats) == 2 and "stopped: cancelled" in stats[0]
+    assert "you> Say hello." in output

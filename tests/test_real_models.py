@@ -58,3 +58,35 @@ def test_smollm2_f16_matches_plain_greedy(smollm_session, method, settings):
 @pytest.mark.parametrize("method,settings", METHODS, ids=["pld", "draft", "draft-tree"])
 def test_gemma_matches_plain_greedy(gemma_session, method, settings):
     check_method_matches_ar(gemma_session, method, settings)
+
+
+def test_tree_verify_matches_chains_and_commit_keeps_the_path(smollm_session):
+    """One llama_decode over a tree gives each node the logits of its own path, and committing a
+    path that is not sequence 0 leaves exactly that path in the cache."""
+    from backends.core.types import Proposal, Verdict
+
+    session = smollm_session
+    target = session.target
+    prompt = session.model.chat_prompt([{"role": "user", "content": "Name a fruit."}])
+    a, b, c, d = session.model.tokenize(" apple banana cherry date", add_special=False)[:4]
+    tree = Proposal(tokens=(a, b, c, d, b), parents=(-1, 0, -1, 2, 3))  # paths: a-b, c-d-b
+    target.reset()
+    target.prefill(prompt[:-1])
+    out = target.verify(prompt[-1], tree)
+    for node, path in {1: [a, b], 4: [c, d, b]}.items():
+        target.reset()
+        target.prefill(prompt[:-1])
+        chain = target.verify(prompt[-1], Proposal.chain(path)).logits[-1]
+        assert int(out.logits[node + 1].argmax()) == int(chain.argmax())
+        assert abs(out.logits[node + 1] - chain).max() < 0.5
+    target.reset()
+    target.prefill(prompt[:-1])
+    target.verify(prompt[-1], tree)
+    target.commit(Verdict(path=(2, 3), tokens=(c, d, 7), drafted=5, draft_depth=3))
+    assert target.cached_tokens == tuple(prompt) + (c, d)
+    after = target.verify(7, Proposal()).logits[0]
+    target.reset()
+    target.prefill(list(prompt) + [c, d])
+    fresh = target.verify(7, Proposal()).logits[0]
+    assert abs(after - fresh).max() < 0.5 and int(after.argmax()) == int(fresh.argmax())
+    target.reset()

@@ -181,7 +181,9 @@ class DraftModelDrafter:
             token = int(np.argmax(row))
             confidence = 1.0 / float(np.exp(row.astype(np.float64) - row[token]).sum())
             return token, None, confidence
-        q = target_distribution(row, history, self.sampling)[: self.target_vocab]
+        q = target_distribution(row, history, self.sampling)
+        # q must live on the target's vocabulary: drop draft-only ids, pad ids only the target has
+        q = np.pad(q, (0, max(0, self.target_vocab - len(q))))[: self.target_vocab]
         total = q.sum()
         if total <= 0.0:
             return self.target_vocab, None, 0.0  # nothing inside the target's vocabulary
