@@ -97,7 +97,8 @@ def generate(
         text, stopped = stream.push(tokens)
         if stopped:
             reason = "stop"
-        stats.step(verdict, len(tokens), t_draft=(tb - ta) + (te - td), t_verify=tc - tb, t_accept=td - tc, end=te - t0)
+        t_draft, t_verify, t_accept = (tb - ta) + (te - td), tc - tb, td - tc
+        stats.step(verdict, len(tokens), t_draft=t_draft, t_verify=t_verify, t_accept=t_accept, end=te - t0)
         if reason is not None and not stopped:
             text += stream.flush()
         yield Step(
@@ -107,9 +108,9 @@ def generate(
             drafted=verdict.drafted,
             accepted=min(verdict.accepted, len(tokens)),
             draft_depth=verdict.draft_depth,
-            t_draft=(tb - ta) + (te - td),
-            t_verify=tc - tb,
-            t_accept=td - tc,
+            t_draft=t_draft,
+            t_verify=t_verify,
+            t_accept=t_accept,
             elapsed=te - t0,
         )
         index += 1
