@@ -127,7 +127,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         return 0
     if args.models_command == "info":
         return _models_info(resolve_model(args.id), as_json=args.json)
-    ids = args.ids or [m for m, e in CATALOG.items() if e.derived or m == "gemma3-270m-q4_k_m"]
+    ids = args.ids or [m for m, e in CATALOG.items() if e.made_here]
     for model_id in ids:
         path = ensure(model_id, force=args.force, progress=lambda msg: print(msg, file=sys.stderr))
         print(f"{model_id}: {path}")

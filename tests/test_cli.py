@@ -49,6 +49,10 @@ def test_models_list_json_and_path():
     assert bundled["present"] and bundled["size_bytes"] > 90e6
     path = specdeck("models", "path", "smollm2-135m-f16").stdout.strip()
     assert path.endswith("smollm2-135m-f16.gguf") and Path(path).exists()
+    info = specdeck("models", "info", "smollm2-135m-q4_1").stdout
+    assert "llama, Q4_1" in info and "gpt2 49152 tokens" in info and "layers 30" in info
+    meta = json.loads(specdeck("models", "info", path, "--json").stdout)
+    assert meta["file_type"] == "F16" and len(meta["tensors"]) == 272
 
 
 def test_prompt_selection_groups_mt_bench():
