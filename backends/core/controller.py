@@ -2,10 +2,11 @@
 
 Verifying ``k`` drafted tokens costs ``cost[k]`` target forwards' worth of time (``cost[0] == 1``
 is plain decoding; on a CPU ``cost[4]`` is 1.3x-2.8x depending on the weight type, the build and
-the context length, so drafting is not free; ``CostModel`` knows the curve). With per-position acceptance ``a_1, a_2, ...`` (position d accepted given
-d - 1 was), drafting ``k`` tokens emits ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k`` tokens per
-step, and with a draft model costing ``draft_cost`` forwards per token the speed relative to plain
-decoding is ``E(k) / (cost[k] + k * draft_cost)``. ``choose`` returns the best ``k``, or 0 (draft
+the context length, so drafting is not free; ``CostModel`` knows the curve). With per-position
+acceptance ``a_1, a_2, ...`` (position d accepted given d - 1 was), drafting ``k`` tokens emits
+``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k`` tokens per step, and with a draft model costing
+``draft_cost`` forwards per token the speed relative to plain decoding is
+``E(k) / (cost[k] + k * draft_cost)``. ``choose`` returns the best ``k``, or 0 (draft
 nothing) when no ``k`` promises more than ``min_gain``.
 
 Worked example: cost ``[1, 1.8, 2.0, 2.1]``, acceptance ``[0.9, 0.9, 0.9]``: E = 1.9, 2.71, 3.44,
