@@ -15,6 +15,12 @@ forwards and draft time: measured speedup / ideal shows how much the Python loop
 
 On a shared machine another busy process distorts timings; each run records how much CPU other
 processes used meanwhile (``other_cpu``, in cores) and the summary warns when it was high.
+
+Where the machine reports power (an NVIDIA GPU through NVML, CPU package power through RAPL), a
+telemetry sampler runs alongside and each record carries ``joules_per_token``: the energy drawn
+from the start of its prompt's prefill to its last token, over the tokens it generated (``null``
+without a power source). Speedups, acceptance and decode rates of SpecDeck's own methods are also
+kept in the observed-speeds store, which the recommender reads.
 """
 
 from __future__ import annotations
@@ -30,19 +36,22 @@ from pathlib import Path
 from typing import Iterable, Sequence, TextIO
 
 import numpy as np
-import psutil
 
 from backends.core.costs import CpuWatch
 from backends.core.errors import SpecDeckError
 from backends.core.sampling import apply_repeat_penalty
 from backends.core.types import Finished, GenerationSettings, Proposal, RunStats, SamplingSettings
 from backends.factory import Session, SessionConfig
+from backends.hardware.observed import ObservedStore
+from backends.hardware.telemetry import Sampler, energy_joules
 from backends.models.chat import Message
 
 SPEC_BENCH = Path("shared") / "benchmarks" / "spec_bench" / "question.jsonl"
 MT_BENCH_SUBCATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 PEERS = ("peer-llamacpp", "peer-llamacpp-pld")
 NOISY_OTHER_CPU = 0.15  # cores used by other processes during a run before we call it noisy
+# The recommender's kinds of work, by Spec-Bench category (the rest is conversation).
+TASK_OF_CATEGORY = {"summarization": "summarize", "rag": "rag"}
 
 
 def spec_bench_category(raw: str) -> str:
@@ -124,6 +133,8 @@ class TurnRun:
     text: str
     stats: RunStats
     other_cpu: float
+    t0: float = 0.0  # time.monotonic() at the start and end of the run, for energy
+    t1: float = 0.0
 
 
 # -- runners -------------------------------------------------------------------------------------
@@ -135,13 +146,14 @@ class EngineRunner:
 
     def run(self, prompt: list[int], gen: GenerationSettings) -> TurnRun:
         self.session.reset()  # nothing cached between methods
+        t0 = time.monotonic()
         with CpuWatch() as watch:
             finished = None
             for event in self.session.generate(self.method, prompt, gen, method_settings=self.settings):
                 if isinstance(event, Finished):
                     finished = event
         assert finished is not None
-        return TurnRun(prompt, list(finished.tokens), finished.text, finished.stats, watch.other_cores)
+        return TurnRun(prompt, list(finished.tokens), finished.text, finished.stats, watch.other_cores, t0, time.monotonic())
 
 
 class PeerRunner:
@@ -168,6 +180,7 @@ class PeerRunner:
         eog = self.session.model.eog_ids
         tokens: list[int] = []
         self.llm.reset()
+        t0 = time.monotonic()
         with CpuWatch() as watch:
             start = time.perf_counter()
             first = start
@@ -186,7 +199,7 @@ class PeerRunner:
             drafted=0, accepted=0, prefill_s=0.0, ttft_s=first - start, decode_s=end - first, first_step_tokens=1,
             draft_s=0.0, verify_s=0.0, accept_s=0.0, drafted_at=(), accepted_at=(), finish_reason=reason,
         )
-        return TurnRun(prompt, tokens, text, stats, watch.other_cores)
+        return TurnRun(prompt, tokens, text, stats, watch.other_cores, t0, time.monotonic())
 
     def close(self) -> None:
         self.llm.close()
@@ -246,8 +259,20 @@ def decode_rate(runs: list[TurnRun]) -> float:
     return tokens / seconds if seconds > 0 else float("nan")
 
 
+def joules_per_token(sampler: Sampler | None, runs: list[TurnRun]) -> float | None:
+    """Energy of a prompt's turns over the tokens they generated; None without a power source."""
+    if sampler is None:
+        return None
+    samples = sampler.history()
+    energies = [energy_joules(samples, r.t0, r.t1) for r in runs]
+    tokens = sum(r.stats.new_tokens for r in runs)
+    if any(e is None for e in energies) or tokens == 0:
+        return None
+    return sum(energies) / tokens  # type: ignore[arg-type]
+
+
 def make_record(method: str, prompt: BenchPrompt, repeats: list[list[TurnRun]], ar: list[list[TurnRun]] | None,
-                div: dict | None, peer: bool) -> dict:
+                div: dict | None, peer: bool, sampler: Sampler | None = None) -> dict:
     runs = repeats[0]
     rates = [decode_rate(r) for r in repeats]
     rate = statistics.median(rates)
@@ -264,7 +289,7 @@ def make_record(method: str, prompt: BenchPrompt, repeats: list[list[TurnRun]], 
         "accept_s": _sum(runs, "accept_s"), "accepted_at": _merge(runs, "accepted_at"), "drafted_at": _merge(runs, "drafted_at"),
         "matches_ar": div is None, "divergence_margin": None if div is None else div["margin"], "divergence": div,
         "other_cpu": max(r.other_cpu for rs in repeats for r in rs), "finish_reasons": [r.stats.finish_reason for r in runs],
-        "text": "\n\n".join(r.text for r in runs), "peer": peer,
+        "text": "\n\n".join(r.text for r in runs), "peer": peer, "joules_per_token": joules_per_token(sampler, runs),
     }
     if ar is not None:
         ar_rate = statistics.median(decode_rate(r) for r in ar)
@@ -323,9 +348,17 @@ def _group(rows: list[dict], ar_rows: list[dict]) -> dict:
         "exact_match_rate": sum(r["matches_ar"] for r in rows) / len(rows),
         "divergence_margins": [r["divergence_margin"] for r in rows if r["divergence_margin"] is not None],
         "noisy_runs": sum(r["other_cpu"] > NOISY_OTHER_CPU for r in rows),
+        "joules_per_token": _energy_per_token(rows),
     }
     group["efficiency"] = group["mean_prompt_speedup"] / group["ideal_speedup"] if ideals else float("nan")
     return group
+
+
+def _energy_per_token(rows: list[dict]) -> float | None:
+    if not rows or any(r["joules_per_token"] is None for r in rows):
+        return None
+    tokens = sum(r["new_tokens"] for r in rows)
+    return sum(r["joules_per_token"] * r["new_tokens"] for r in rows) / tokens if tokens else None
 
 
 def _sum_lists(rows: list[dict], key: str) -> list[int]:
@@ -345,7 +378,7 @@ def markdown(summary: dict, methods: Sequence[str]) -> str:
         cells = [_fmt(summary[m].get(c, {}).get("speedup"), "{:.2f}x") for c in cats]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     lines += ["", "| method | category | tok/s | speedup | ideal | efficiency | tau | acceptance | by position "
-              "| draft s | verify s | exact match | divergence margins | noisy runs |", "|---" * 14 + "|"]
+              "| draft s | verify s | exact match | divergence margins | noisy runs | J/token |", "|---" * 15 + "|"]
     for m in methods:
         for c in cats:
             if c in summary[m]:
@@ -361,7 +394,7 @@ def _detail_row(method: str, category: str, g: dict) -> str:
     return (f"| {method} | {category} | {_fmt(g['decode_tok_s'], '{:.1f}')} | {_fmt(g['speedup'], '{:.2f}x')} "
             f"| {_fmt(g['ideal_speedup'], '{:.2f}x')} | {_fmt(g['efficiency'], '{:.2f}')} | {_fmt(g['tau'], '{:.2f}')} "
             f"| {_fmt(g['acceptance_rate'], '{:.0%}')} | {by_pos} | {g['draft_s']:.1f} | {g['verify_s']:.1f} "
-            f"| {g['exact_match_rate']:.0%} | {margins} | {g['noisy_runs']} |")
+            f"| {g['exact_match_rate']:.0%} | {margins} | {g['noisy_runs']} | {_fmt(g['joules_per_token'], '{:.3f}')} |")
 
 
 def _fmt(value, pattern: str) -> str:
@@ -392,14 +425,22 @@ def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO
     session = Session(SessionConfig(model=config.model, draft_model=config.draft_model, n_ctx=config.n_ctx,
                                     n_threads=config.n_threads, n_gpu_layers=config.n_gpu_layers,
                                     flash_attn=config.flash_attn))
+    sampler = Sampler.for_this_machine()
+    if not sampler.has_power:  # no power reading to integrate: telemetry would only cost CPU
+        sampler.stop()
+        sampler = None
     try:
-        return _run(session, config, methods, prompts, gen, out, progress)
+        if sampler is not None:
+            sampler.start()
+        return _run(session, config, methods, prompts, gen, out, progress, sampler)
     finally:
+        if sampler is not None:
+            sampler.stop()
         session.close()
 
 
 def _run(session: Session, config: BenchConfig, methods: list[str], prompts: list[BenchPrompt],
-         gen: GenerationSettings, out: TextIO, progress: TextIO) -> dict:
+         gen: GenerationSettings, out: TextIO, progress: TextIO, sampler: Sampler | None) -> dict:
     costs = session.cost_model()  # measured once, shared by every method of this run
     draft_costs = session.draft_cost_model()
     runners = {m: PeerRunner(session, m) if m in PEERS else EngineRunner(session, m, config.method_settings.get(m, {}))
@@ -419,7 +460,7 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
                 results[m].append(play(runners[m], session, prompt, gen))
         for m in methods:
             div = None if m == "ar" else divergence(session, results[m][0], results["ar"][0], gen.sampling)
-            records.append(make_record(m, prompt, results[m], results["ar"], div, m in PEERS))
+            records.append(make_record(m, prompt, results[m], results["ar"], div, m in PEERS, sampler))
         elapsed = time.perf_counter() - started
         print(f"[{index + 1}/{len(prompts)}] {prompt.category} q{prompt.question_id}: "
               + ", ".join(f"{r['method']} {r['speedup']:.2f}x" for r in records[-len(methods):]) + f" ({elapsed:.0f} s)",
@@ -427,6 +468,7 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
     for runner in runners.values():
         if isinstance(runner, PeerRunner):
             runner.close()
+    remember(session.model.path, records)
     summary = summarize(records, methods)
     print(markdown(summary, methods), file=out)
     noisy = sum(r["other_cpu"] > NOISY_OTHER_CPU for r in records)
@@ -439,8 +481,24 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
             "verify_costs": {c: costs.relative(c) for c in costs.contexts},
             "one_token_seconds": {c: costs.seconds(0, c) for c in costs.contexts},
             "draft_one_token_seconds": {c: draft_costs.seconds(0, c) for c in draft_costs.contexts} if draft_costs else None,
-            "prompts": len(prompts)}
+            "prompts": len(prompts), "power_source": sampler is not None}
     return {"meta": meta, "summary": _clean(summary), "records": _clean(records)}
+
+
+def remember(model_path: Path, records: list[dict]) -> None:
+    """Keep each engine method's figures per kind of task, from quiet runs, for the recommender."""
+    quiet = [r for r in records if not r["peer"] and r["other_cpu"] <= NOISY_OTHER_CPU]
+    store = ObservedStore()
+    for method, task in sorted({(r["method"], TASK_OF_CATEGORY.get(r["category"], "chat")) for r in quiet}):
+        def of(m: str) -> list[dict]:
+            return [r for r in quiet if r["method"] == m and TASK_OF_CATEGORY.get(r["category"], "chat") == task]
+
+        rows = of(method)
+        group = _group(rows, of("ar"))
+        forwards = sum(r["forwards"] for r in rows)
+        store.record(model_path, method, task, decode_tok_s=group["decode_tok_s"], tau=group["tau"],
+                     drafted_per_step=sum(r["drafted"] for r in rows) / forwards if forwards else None,
+                     speedup=None if method == "ar" else group["speedup"])
 
 
 def write_json(result: dict, path: Path) -> None:
@@ -448,7 +506,7 @@ def write_json(result: dict, path: Path) -> None:
 
 
 CSV_FIELDS = ["method", "category", "question_id", "decode_tok_s", "speedup", "ideal_speedup", "tau",
-              "acceptance_rate", "new_tokens", "matches_ar", "divergence_margin", "other_cpu", "ttft_s"]
+              "acceptance_rate", "new_tokens", "matches_ar", "divergence_margin", "other_cpu", "ttft_s", "joules_per_token"]
 
 
 def write_csv(result: dict, path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import TextIO
 
 from backends.core.errors import SpecDeckError
 from backends.core.types import Finished, GenerationSettings, RunStats, Step
+from backends.hardware.observed import ObservedStore
 from backends.drafters import REGISTRY
 from backends.factory import Session
 from backends.models.chat import Message
@@ -128,5 +129,7 @@ def chat_loop(session: Session, state: ChatState, settings: GenerationSettings,
             continue
         if stats is not None:
             out.write(format_stats(stats) + "\n")
+            if stats.finish_reason != "cancelled":  # what the recommender learns about this model here
+                ObservedStore().record_run(session.model.path, "chat", stats)
         out.flush()
 

@@ -1,9 +1,12 @@
-"""The ``specdeck`` command line: chat, models, bench.
+"""The ``specdeck`` command line: chat, models, bench, hw, fit, recommend.
 
     specdeck chat                          # chat with the bundled model (prompt lookup on)
     specdeck chat --model smollm2-135m-f16 --method draft --draft-model smollm2-135m-q4_1
     specdeck models list
     specdeck bench --model smollm2-135m-f16 --methods ar,pld --per-category 2
+    specdeck hw --json
+    specdeck fit gemma3-270m-q4_k_m --ctx 8192
+    specdeck recommend smollm2-135m-f16 --task summarize
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def _method_settings(items: list[str]) -> dict[str, dict]:
 
 def build_parser() -> argparse.ArgumentParser:
     from backends.drafters import REGISTRY
+    from backends.hardware.commands import add_commands as add_hardware_commands
     from backends.models.catalog import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(prog="specdeck", description="Lossless speculative decoding for local LLMs.")
@@ -106,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--set", action="append", default=[], metavar="METHOD.NAME=VALUE", help="a method setting")
     bench.add_argument("--json", type=Path, default=None, help="write every record and the summary here")
     bench.add_argument("--csv", type=Path, default=None, help="write one row per (method, prompt) here")
+    add_hardware_commands(sub)
     return parser
 
 
@@ -205,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("specdeck.llama").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
-    handlers = {"models": cmd_models, "chat": cmd_chat, "bench": cmd_bench}
+    from backends.hardware.commands import cmd_fit, cmd_hw, cmd_recommend
+
+    handlers = {"models": cmd_models, "chat": cmd_chat, "bench": cmd_bench, "hw": cmd_hw, "fit": cmd_fit,
+                "recommend": cmd_recommend}
     try:
         return handlers[args.command](args)
     except SpecDeckError as exc:

@@ -14,8 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -30,11 +28,8 @@ from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
 from backends.models.catalog import resolve_model
 from backends.models.compat import draft_incompatibility
-from backends.models.llama_lib import library_version
-from backends.models.paths import cache_dir
+from backends.models.cost_cache import COST_CONTEXTS, COST_CURVE_LENGTH, cost_curve_file, load_cost_curves, save_cost_curves
 
-COST_CURVE_LENGTH = 16  # longest draft the measured cost curve covers
-COST_CONTEXTS = (64, 1024)  # context lengths the cost curve is measured at (interpolated between)
 
 
 @dataclass(frozen=True)
@@ -103,19 +98,14 @@ class Session:
         return self._draft_costs
 
     def _cached_curves(self, target: LlamaTarget, model: LlamaModel) -> dict[int, list[float]]:
-        stat = model.path.stat()
-        key = json.dumps([str(model.path), stat.st_size, stat.st_mtime_ns, target.n_threads, self.config.n_gpu_layers,
-                          self.config.flash_attn, library_version(), COST_CURVE_LENGTH, COST_CONTEXTS, "min-of-reps"])
-        path = cache_dir() / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
-        try:
-            return {int(c): v for c, v in json.loads(path.read_text()).items()}
-        except (OSError, ValueError, AttributeError):
-            pass
+        file = cost_curve_file(model.path, target.n_threads, self.config.n_gpu_layers, self.config.flash_attn)
+        curves = load_cost_curves(file)
+        if curves is not None:
+            return curves
         with CpuWatch() as watch:
             curves = measure_curves(target, COST_CURVE_LENGTH, contexts=COST_CONTEXTS)
         if watch.other_cores < 0.25:  # a curve taken on a busy machine is used once, never kept
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(curves))
+            save_cost_curves(file, curves)
         return curves
 
     # -- answering -----------------------------------------------------------------------------

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # keep numpy's BLAS threads off llama.cpp's cores
+# What SpecDeck learns while tests run (observed speeds) must not land in the user's data directory.
+os.environ.setdefault("SPECDECK_DATA_DIR", tempfile.mkdtemp(prefix="specdeck-test-data-"))
 
 import pytest  # noqa: E402
 

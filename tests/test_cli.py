@@ -11,9 +11,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backends.bench import BenchConfig, load_prompts, run_bench, spec_bench_category
+from backends.bench import NOISY_OTHER_CPU, BenchConfig, load_prompts, run_bench, spec_bench_category
 from backends.core.types import GenerationSettings
 from backends.factory import Session, SessionConfig
+from backends.hardware.observed import ObservedStore
+from backends.models.catalog import resolve_model
 
 SAMPLE = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
 
@@ -23,9 +25,12 @@ def specdeck(*args: str, stdin: str = "", timeout: float = 300) -> subprocess.Co
                           text=True, timeout=timeout)
 
 
-def test_chat_streams_answers_and_prints_stats():
+def test_chat_streams_answers_and_prints_stats(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path))
     result = specdeck("chat", "--max-new-tokens", "24", stdin="Name three colors.\n/new\nAnd three animals?\n")
     assert result.returncode == 0, result.stderr
+    seen = ObservedStore().lookup(resolve_model("smollm2-135m-q4_1"), "pld", "chat")
+    assert seen is not None and seen.n == 2 and seen.decode_tok_s > 0  # what the recommender learns from chats
     stats_lines = [line for line in result.stdout.splitlines() if line.startswith("[pld")]
     assert len(stats_lines) == 2
     for line in stats_lines:
@@ -86,6 +91,16 @@ def test_bench_runs_methods_and_peers_side_by_side(tmp_path, smollm_f16_path):
     assert "| pld |" in table and "| peer-llamacpp-pld |" in table and "verify cost at 64 tokens" in table
     summary = result["summary"]
     assert set(summary["pld"]) == {"mt_bench", "summarization", "overall"}
+    # No GPU and no readable RAPL here: energy is unknown, not zero.
+    assert result["meta"]["power_source"] is False
+    assert all(r["joules_per_token"] is None for r in records) and summary["pld"]["overall"]["joules_per_token"] is None
+    # The quiet runs of SpecDeck's own methods are remembered for the recommender, per kind of task.
+    store = ObservedStore()
+    for method in ("ar", "pld"):
+        quiet = [r for r in records if r["method"] == method and r["other_cpu"] <= NOISY_OTHER_CPU]
+        if quiet:
+            assert store.lookup(smollm_f16_path, method, "summarize" if quiet[-1]["category"] == "summarization" else "chat")
+    assert store.lookup(smollm_f16_path, "peer-llamacpp", "chat") is None
 
 
 def test_bench_cli_writes_json_and_csv(tmp_path):

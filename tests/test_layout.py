@@ -41,12 +41,14 @@ def test_backends_never_import_qt():
 
 
 def test_layers_only_import_upwards():
-    """core < models < drafters, llamacpp (neither imports the other) < factory, bench, cli."""
+    """core < models < drafters, llamacpp (neither imports the other) < hardware < factory, bench, cli."""
+    front = ("backends.factory", "backends.bench", "backends.cli", "backends.chat")
     forbidden = {
-        "core": ("backends.models", "backends.drafters", "backends.llamacpp", "backends.factory", "llama_cpp"),
-        "models": ("backends.drafters", "backends.llamacpp", "backends.factory"),
-        "drafters": ("backends.llamacpp", "backends.factory", "llama_cpp"),
-        "llamacpp": ("backends.drafters", "backends.factory"),
+        "core": ("backends.models", "backends.drafters", "backends.llamacpp", "backends.hardware", "llama_cpp", *front),
+        "models": ("backends.drafters", "backends.llamacpp", "backends.hardware", *front),
+        "drafters": ("backends.llamacpp", "backends.hardware", "llama_cpp", *front),
+        "llamacpp": ("backends.drafters", "backends.hardware", *front),
+        "hardware": front,
     }
     offenders = []
     for package, banned in forbidden.items():

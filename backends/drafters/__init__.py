@@ -6,7 +6,9 @@ Front ends list methods, build settings forms from the dataclass fields and grey
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any, Callable
 
 from backends.core.costs import CostModel
@@ -45,14 +47,34 @@ class DrafterResources:
     memory: dict = field(default_factory=dict)
 
 
+TASKS = ("chat", "summarize", "code", "rag")  # the kinds of work the recommender ranks methods for
+
+
+def _no_pool(n_ctx: int) -> int:
+    return 0
+
+
 @dataclass(frozen=True)
 class MethodSpec:
+    """A method as front ends and the recommender see it.
+
+    ``prior_acceptance`` is the chance that a drafted token is accepted, per task, to assume
+    before SpecDeck has measured the method on a model, and ``prior_draft`` the longest draft
+    the recommender considers; deliberately on the low side of published figures, since a
+    recommendation that promises too much costs the user's trust. ``pool_bytes`` is the method's
+    own memory for an n_ctx-token context (n-gram pools and the like); draft models are counted
+    separately.
+    """
+
     name: str
     summary: str
     settings_type: type
     build: Callable[[Any, DrafterResources], Drafter]
     requires: frozenset[str] = frozenset()
     lossless: bool = True
+    prior_acceptance: Mapping[str, float] = field(default_factory=dict)
+    prior_draft: int = 0
+    pool_bytes: Callable[[int], int] = _no_pool
 
     def settings(self, **overrides: Any) -> Any:
         """Settings from keyword overrides; unknown names are a clear error."""
@@ -87,6 +109,9 @@ REGISTRY: dict[str, MethodSpec] = {
             "prompt lookup: no extra memory, best when the answer repeats the prompt (summaries, code edits, RAG)",
             PLDSettings,
             _build_pld,
+            prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.6, "code": 0.6, "rag": 0.55}),
+            prior_draft=8,
+            pool_bytes=PLDDrafter.pool_bytes,
         ),
         MethodSpec(
             "draft",
@@ -94,6 +119,8 @@ REGISTRY: dict[str, MethodSpec] = {
             DraftSettings,
             _build_draft,
             requires=frozenset({DRAFT_MODEL}),
+            prior_acceptance=MappingProxyType({"chat": 0.6, "summarize": 0.65, "code": 0.7, "rag": 0.65}),
+            prior_draft=8,
         ),
     )
 }

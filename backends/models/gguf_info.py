@@ -18,7 +18,7 @@ from backends.core.errors import ModelFileError
 from backends.models.paths import cache_dir
 
 GGUF_MAGIC = b"GGUF"
-_CACHE_VERSION = 2
+_CACHE_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,16 @@ class GGUFInfo:
     n_ctx_train: int
     n_embd: int
     n_head: int
-    n_head_kv: int
+    n_head_kv: int  # the largest over layers
     key_length: int | None
     value_length: int | None
     sliding_window: int | None
     chat_template: str | None
     vocab: VocabInfo
     tensors: tuple[TensorInfo, ...]
+    n_ff: int | None = None
+    n_head_kv_layers: tuple[int, ...] = ()  # per layer, when the file gives a list (else empty)
+    swa_layers: tuple[bool, ...] = ()  # per layer, when the file gives sliding_window_pattern
 
     @property
     def weights_bytes(self) -> int:
@@ -181,10 +184,17 @@ def _summarize(path: Path, file_size: int, f: dict, tensors: tuple[TensorInfo, .
         key_length=arch_int("attention.key_length"),
         value_length=arch_int("attention.value_length"),
         sliding_window=arch_int("attention.sliding_window"),
+        n_ff=arch_int("feed_forward_length"),
+        n_head_kv_layers=_int_list(f.get(f"{arch}.attention.head_count_kv")),
+        swa_layers=tuple(bool(x) for x in _int_list(f.get(f"{arch}.attention.sliding_window_pattern"))),
         chat_template=f.get("tokenizer.chat_template"),
         vocab=vocab,
         tensors=tensors,
     )
+
+
+def _int_list(value: object) -> tuple[int, ...]:
+    return tuple(int(x) for x in value) if isinstance(value, list) else ()
 
 
 def _opt_int(value: object) -> int | None:
@@ -206,4 +216,5 @@ def _from_json(d: dict) -> GGUFInfo:
     vocab = d["vocab"]
     vocab = VocabInfo(**{**vocab, "tokens": tuple(vocab["tokens"])})
     tensors = tuple(TensorInfo(**{**t, "shape": tuple(t["shape"])}) for t in d["tensors"])
-    return GGUFInfo(**{**d, "vocab": vocab, "tensors": tensors})
+    lists = {k: tuple(d[k]) for k in ("n_head_kv_layers", "swa_layers")}
+    return GGUFInfo(**{**d, **lists, "vocab": vocab, "tensors": tensors})

@@ -1,0 +1,37 @@
+"""Which llama.cpp the installed llama-cpp-python carries, and what it can offload layers to.
+
+llama.cpp prints one ``NAME : FEATURE = 1 | ...`` group per compiled-in backend in its system
+info (``CPU : SSE3 = 1 | ...``, ``CUDA : ARCHS = 890 | ...``), which is the only place
+llama-cpp-python exposes the list; ``llama_supports_gpu_offload`` says whether any of them is a
+GPU.
+"""
+
+from __future__ import annotations
+
+import re
+
+from backends.hardware.types import LlamaBuild
+
+_GROUP = re.compile(r"(?:^|\|)\s*([A-Za-z][A-Za-z0-9_-]*) : ")
+
+
+def parse_backends(system_info: str) -> tuple[str, ...]:
+    """'CPU : AVX2 = 1 | CUDA : ARCHS = 890 | ' -> ('CPU', 'CUDA')."""
+    seen: list[str] = []
+    for name in _GROUP.findall(system_info):
+        if name not in seen:
+            seen.append(name)
+    return tuple(seen)
+
+
+def detect_llama_build() -> LlamaBuild | None:
+    """None when llama-cpp-python cannot be imported (the report then says so)."""
+    try:
+        from backends.models.llama_lib import library_version, llama, system_info
+
+        info = system_info()
+        gpu = bool(llama().llama_supports_gpu_offload())
+    except (ImportError, OSError, AttributeError):
+        return None
+    backends = parse_backends(info)
+    return LlamaBuild(version=library_version(), backends=backends or ("CPU",), gpu_offload=gpu, system_info=info.strip())

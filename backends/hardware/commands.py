@@ -1,0 +1,141 @@
+"""``specdeck hw``, ``specdeck fit`` and ``specdeck recommend``: the hardware layer on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from backends.hardware.fit import FitReport, RuntimeSettings
+
+MiB = 1024**2
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    from backends.drafters import REGISTRY, TASKS
+
+    hw = sub.add_parser("hw", help="what this machine has: CPU, RAM, GPUs, llama.cpp build")
+    hw.add_argument("--json", action="store_true")
+    hw.add_argument("--bandwidth", action="store_true", help="also measure RAM bandwidth (cached)")
+
+    fit = sub.add_parser("fit", help="will a model fit in VRAM/RAM, with every memory term")
+    _model_args(fit)
+    fit.add_argument("--method", default="ar", choices=sorted(REGISTRY))
+    fit.add_argument("--draft-model", default=None, help="draft model (id or .gguf path) for the draft method")
+    fit.add_argument("--n-gpu-layers", type=int, default=None, help="check this many layers instead of the most that fit")
+    fit.add_argument("--heads", default=None, help="a trained heads file (.safetensors) the method loads")
+    fit.add_argument("--datastore", default=None, help="a REST datastore file (memory-mapped)")
+
+    rec = sub.add_parser("recommend", help="rank the methods for a model on this machine")
+    _model_args(rec)
+    rec.add_argument("--task", default="chat", choices=TASKS)
+    rec.add_argument("--draft-model", action="append", default=[], help="a candidate draft (default: the catalog's present models)")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="known model id, a .gguf file, or a Hugging Face model folder")
+    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--cache-type", default="f16", help="KV cache type: f16, q8_0, q4_0")
+    p.add_argument("--json", action="store_true")
+
+
+def _model_path(spec: str) -> Path:
+    from backends.models.catalog import CATALOG, resolve_model
+
+    path = Path(spec)
+    if spec not in CATALOG and (path.is_dir() or path.suffix == ".safetensors"):
+        return path
+    return resolve_model(spec)
+
+
+def cmd_hw(args: argparse.Namespace) -> int:
+    from backends.hardware.bandwidth import cpu_bandwidth
+    from backends.hardware.detect import detect_hardware, format_report
+
+    report = detect_hardware()
+    bandwidth = cpu_bandwidth(report.cpu, report.ram.total_bytes) if args.bandwidth else None
+    if args.json:
+        data = report.to_json()
+        if bandwidth is not None:
+            data["ram"]["bandwidth_bytes_s"] = bandwidth
+        print(json.dumps(data, indent=1))
+        return 0
+    print(format_report(report))
+    if bandwidth is not None:
+        print(f"RAM bandwidth  {bandwidth / 1e9:.1f} GB/s (copy, one thread per core)")
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from backends.drafters import DRAFT_MODEL, method_spec
+    from backends.hardware.detect import detect_hardware
+    from backends.hardware.fit import CPU, Extra, MemoryTerm, file_bytes, plan
+    from backends.hardware.shape import load_shape
+
+    spec = method_spec(args.method)
+    if DRAFT_MODEL in spec.requires and not args.draft_model:
+        from backends.core.errors import SpecDeckError
+
+        raise SpecDeckError(f"{args.method} needs --draft-model")
+    rt = RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type)
+    draft = load_shape(_model_path(args.draft_model)) if args.draft_model and DRAFT_MODEL in spec.requires else None
+    terms = [MemoryTerm(f"{spec.name} pool", spec.pool_bytes(rt.n_ctx), CPU)]
+    if args.datastore:
+        terms.append(MemoryTerm("REST datastore (memory-mapped)", file_bytes(args.datastore), CPU))
+    extra = Extra(draft=draft, heads_bytes=file_bytes(args.heads) if args.heads else 0,
+                  terms=tuple(t for t in terms if t.bytes))
+    report = plan(load_shape(_model_path(args.model)), detect_hardware(), rt, extra, gpu_layers=args.n_gpu_layers)
+    print(json.dumps(report.to_json(), indent=1) if args.json else format_fit(report))
+    return 0 if report.fits else 1
+
+
+def _measured_costs(shape, gpu_layers: int):
+    """The verify-cost curve a chat session measured for this model with default settings, if any."""
+    from backends.core.costs import CostModel
+    from backends.llamacpp.target import default_threads
+    from backends.models.cost_cache import cost_curve_file, load_cost_curves
+
+    if shape.format != "gguf":
+        return None
+    curves = load_cost_curves(cost_curve_file(shape.path, default_threads(), gpu_layers, "auto"))
+    return CostModel(curves) if curves else None
+
+
+def format_fit(report: FitReport) -> str:
+    lines = [f"{report.model} at {report.n_ctx} tokens of context: {report.label}"]
+    for device in sorted({t.device for t in report.terms}):
+        used, cap = report.device_bytes(device), report.available.get(device)
+        room = f" of {cap / MiB:,.0f} MiB usable" if cap is not None else ""
+        lines.append(f"  {device.upper()}: {used / MiB:,.1f} MiB{room}")
+        lines += [f"    {t.bytes / MiB:10,.1f} MiB  {t.name}" for t in report.terms if t.device == device]
+    if report.available.keys() - {"cpu"}:
+        lines.append(f"  most GPU layers that fit: {report.max_gpu_layers} of {report.total_layers}")
+    lines += [f"  note: {n}" for n in report.notes]
+    return "\n".join(lines)
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    from backends.hardware.bandwidth import cpu_bandwidth
+    from backends.hardware.detect import detect_hardware
+    from backends.hardware.recommend import recommend
+    from backends.llamacpp.target import LlamaTarget
+    from backends.models.catalog import CATALOG, is_present, resolve_model
+
+    hw = detect_hardware()
+    drafts = [_model_path(d) for d in args.draft_model] or [resolve_model(m) for m in CATALOG if is_present(m)]
+    result = recommend(_model_path(args.model), hw, task=args.task, drafts=drafts,
+                       rt=RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type),
+                       cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes), target_offers=LlamaTarget.offers,
+                       costs=_measured_costs)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1))
+        return 0
+    print(f"{result.model}, task {result.task}: plain decoding about {result.plain_tok_s:.0f} tok/s ({result.plain_basis})")
+    for i, r in enumerate(result.ranked, 1):
+        speed = f"{r.predicted_tok_s:6.0f} tok/s {r.predicted_speedup:5.2f}x" if r.predicted_tok_s else f"{'-':>22}"
+        state = r.fit_label if r.available else "unavailable"
+        print(f"{i}. {r.method:6} {speed}  [{state}]\n   {r.reason}")
+    rejected = {m: why for r in result.ranked for m, why in r.rejected_drafts}
+    for model, why in rejected.items():
+        print(f"   draft {model} not usable: {why}")
+    return 0

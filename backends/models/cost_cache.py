@@ -1,0 +1,41 @@
+"""Where a model's measured verify-cost curves are kept, so the session and the recommender agree.
+
+A curve is valid for one model file, thread count, GPU offload, attention kernel and llama.cpp
+build; the key holds all of them, so changing any of them measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from backends.models.llama_lib import library_version
+from backends.models.paths import cache_dir
+
+COST_CURVE_LENGTH = 16  # longest draft the measured cost curve covers
+COST_CONTEXTS = (64, 1024)  # context lengths the cost curve is measured at (interpolated between)
+
+
+def cost_curve_file(model: str | os.PathLike, n_threads: int, n_gpu_layers: int, flash_attn: str) -> Path:
+    path = Path(model)
+    stat = path.stat()
+    key = json.dumps([str(path), stat.st_size, stat.st_mtime_ns, n_threads, n_gpu_layers, flash_attn,
+                      library_version(), COST_CURVE_LENGTH, COST_CONTEXTS, "min-of-reps"])
+    return cache_dir() / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+
+
+def load_cost_curves(file: Path) -> dict[int, list[float]] | None:
+    """context -> seconds for k = 0..COST_CURVE_LENGTH drafted tokens, or None if not measured yet."""
+    try:
+        return {int(c): [float(x) for x in v] for c, v in json.loads(file.read_text()).items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def save_cost_curves(file: Path, curves: dict[int, list[float]]) -> None:
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(curves))
+    os.replace(tmp, file)
