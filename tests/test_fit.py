@@ -279,3 +279,25 @@ def test_specdeck_fit_with_a_datastore_file(tmp_path):
     store.write_bytes(b"\0" * 123456)
     data = json.loads(run_cli("fit", "smollm2-135m-q4_1", "--datastore", str(store), "--json").stdout)
     assert {"name": "REST datastore (memory-mapped)", "bytes": 123456, "device": "cpu"} in data["terms"]
+
+
+def test_gguf_missing_a_layer_is_refused(tmp_path):
+    """A GGUF written by the gguf package whose header promises two blocks but holds one."""
+    import gguf
+
+    path = tmp_path / "half.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_embedding_length(8)
+    writer.add_head_count(2)
+    writer.add_context_length(64)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(16)])
+    writer.add_tensor("token_embd.weight", np.zeros((16, 8), np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, 8), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelFileError, match=r"missing the tensors of layer\(s\) 1"):
+        load_shape(path)

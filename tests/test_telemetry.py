@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from backends.hardware.gpus import NvmlSession
-from backends.hardware.telemetry import Rapl, Sample, Sampler, energy_joules, joules_per_token
+from backends.hardware.telemetry import Rapl, Sample, Sampler, SysfsSource, energy_joules, joules_per_token
 from backends.hardware.types import GpuSample
 from tests.hw_replay import load_replay
 
@@ -51,6 +51,17 @@ def test_sampler_reports_a_lost_gpu_and_keeps_sampling_fixture():
     assert [g.index for g in second.gpus] == [0] and "GPU 1 disappeared" in second.status
     assert third.ram_used_bytes > 0 and [g.index for g in third.gpus] == [0]
     sampler.stop()
+
+
+def test_sysfs_source_reads_amd_cards_fixture():
+    from pathlib import Path
+
+    root = Path(__file__).parent / "data" / "hw" / "sysfs_rx7900xtx"
+    s = Sampler(gpus=SysfsSource(str(root)), rapl=Rapl("/nonexistent")).sample_now()
+    igpu, radeon = s.gpus  # the Intel iGPU has no hwmon and no VRAM of its own
+    assert igpu.power_w is None and igpu.vram_used_bytes is None
+    assert (radeon.power_w, radeon.temperature_c, radeon.vram_used_bytes) == (31.0, 41.0, 1280 * 1024**2)
+    assert s.power_w == 31.0
 
 
 def test_sampler_survives_a_source_that_raises():

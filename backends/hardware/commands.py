@@ -25,6 +25,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("--n-gpu-layers", type=int, default=None, help="check this many layers instead of the most that fit")
     fit.add_argument("--heads", default=None, help="a trained heads file (.safetensors) the method loads")
     fit.add_argument("--datastore", default=None, help="a REST datastore file (memory-mapped)")
+    fit.add_argument("--measure", action="store_true",
+                     help="also load the model on the CPU in a fresh process and compare its memory growth")
 
     rec = sub.add_parser("recommend", help="rank the methods for a model on this machine")
     _model_args(rec)
@@ -84,9 +86,27 @@ def cmd_fit(args: argparse.Namespace) -> int:
         terms.append(MemoryTerm("REST datastore (memory-mapped)", file_bytes(args.datastore), CPU))
     extra = Extra(draft=draft, heads_bytes=file_bytes(args.heads) if args.heads else 0,
                   terms=tuple(t for t in terms if t.bytes))
-    report = plan(load_shape(_model_path(args.model)), detect_hardware(), rt, extra, gpu_layers=args.n_gpu_layers)
-    print(json.dumps(report.to_json(), indent=1) if args.json else format_fit(report))
+    shape = load_shape(_model_path(args.model))
+    report = plan(shape, detect_hardware(), rt, extra, gpu_layers=args.n_gpu_layers)
+    data = report.to_json()
+    if args.measure:
+        data["measured"] = _measure(shape, report)
+    print(json.dumps(data, indent=1) if args.json else format_fit(report, data.get("measured")))
     return 0 if report.fits else 1
+
+
+def _measure(shape, report: FitReport) -> dict:
+    """The model alone on the CPU: measured growth of a fresh process against the CPU estimate."""
+    from backends.core.errors import SpecDeckError
+    from backends.hardware.detect import detect_hardware
+    from backends.hardware.fit import plan
+    from backends.hardware.memcheck import measure_growth
+
+    if shape.format != "gguf":
+        raise SpecDeckError("--measure loads GGUF models with llama.cpp; this is a PyTorch model")
+    alone = plan(shape, detect_hardware(), RuntimeSettings(n_ctx=report.n_ctx), gpu_layers=0).total_bytes
+    measured = measure_growth(shape.path, report.n_ctx)
+    return {"estimate_bytes": alone, "measured_bytes": measured, "error": alone / measured - 1}
 
 
 def _measured_costs(shape, gpu_layers: int):
@@ -101,7 +121,7 @@ def _measured_costs(shape, gpu_layers: int):
     return CostModel(curves) if curves else None
 
 
-def format_fit(report: FitReport) -> str:
+def format_fit(report: FitReport, measured: dict | None = None) -> str:
     lines = [f"{report.model} at {report.n_ctx} tokens of context: {report.label}"]
     for device in sorted({t.device for t in report.terms}):
         used, cap = report.device_bytes(device), report.available.get(device)
@@ -111,6 +131,9 @@ def format_fit(report: FitReport) -> str:
     if report.available.keys() - {"cpu"}:
         lines.append(f"  most GPU layers that fit: {report.max_gpu_layers} of {report.total_layers}")
     lines += [f"  note: {n}" for n in report.notes]
+    if measured:
+        lines.append(f"  measured: the model alone on the CPU grew a fresh process by {measured['measured_bytes'] / MiB:,.1f} MiB; "
+                     f"estimated {measured['estimate_bytes'] / MiB:,.1f} MiB ({measured['error']:+.1%})")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ predicted tok/s = plain decoding rate x the method's expected speedup, for metho
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -80,7 +80,7 @@ class _Context:
     costs: Callable[[ModelShape, int], CostModel | None]  # (model, gpu layers) -> measured cost curve
 
 
-def recommend(model: str | Path, hw: HardwareReport, *, task: str = "chat", drafts: list[str | Path] = (),
+def recommend(model: str | Path, hw: HardwareReport, *, task: str = "chat", drafts: Sequence[str | Path] = (),
               rt: RuntimeSettings | None = None, cpu_bandwidth: float, store: ObservedStore | None = None,
               target_offers: frozenset[str] = frozenset(),
               costs: Callable[[ModelShape, int], CostModel | None] = lambda shape, ngl: None) -> Recommendations:
@@ -101,7 +101,7 @@ def recommend(model: str | Path, hw: HardwareReport, *, task: str = "chat", draf
 def roofline_tok_s(shape: ModelShape, fit: FitReport, cpu_bw: float, gpu_bw: float | None) -> float:
     """Bandwidth-bound tokens/s: each device's bytes per token over its bandwidth, summed as time."""
     gpu_blocks = max(0, min(fit.gpu_layers, shape.total_layers) - 1)  # the output layer goes first
-    kv_per_pos = _kv_bytes_per_position(shape, fit)
+    kv_per_pos = _kv_bytes_per_position(fit)
     ctx = _typical_context(fit)
     on_gpu = sum(shape.block_bytes[shape.n_layer - gpu_blocks:]) + gpu_blocks / shape.n_layer * kv_per_pos * ctx
     on_cpu = sum(shape.block_bytes[: shape.n_layer - gpu_blocks]) + (1 - gpu_blocks / shape.n_layer) * kv_per_pos * ctx
@@ -118,7 +118,8 @@ def _typical_context(fit: FitReport) -> int:
     return min(_TYPICAL_CONTEXT, fit.n_ctx)
 
 
-def _kv_bytes_per_position(shape: ModelShape, fit: FitReport) -> float:
+def _kv_bytes_per_position(fit: FitReport) -> float:
+    """The target's KV bytes per cached position, all layers (the draft's terms are named "draft ...")."""
     kv_bytes = sum(t.bytes for t in fit.terms if t.name.startswith("KV cache"))
     return kv_bytes / max(1, fit.n_ctx)
 
@@ -142,7 +143,7 @@ def _plain_rate(ctx: _Context, fit: FitReport) -> tuple[float, str]:
 
 
 # -- drafts ----------------------------------------------------------------------------------
-def _draft_candidates(target: ModelShape, drafts) -> tuple[list[ModelShape], list[tuple[str, str]]]:
+def _draft_candidates(target: ModelShape, drafts: Sequence[str | Path]) -> tuple[list[ModelShape], list[tuple[str, str]]]:
     """Draft files that share the target's vocabulary and are smaller; the reason for each other."""
     if target.format != "gguf":
         return [], [(str(d), "draft models are GGUF files; this target is a PyTorch model") for d in drafts]

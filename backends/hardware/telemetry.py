@@ -48,6 +48,23 @@ class GpuSource(Protocol):
     def close(self) -> None: ...
 
 
+class SysfsSource:
+    """Live readings of AMD and Intel cards on Linux: the same sysfs files detection reads."""
+
+    def __init__(self, root: str = "/sys") -> None:
+        self.root = root
+
+    def read_all(self) -> tuple[tuple[GpuSample, ...], str | None]:
+        from backends.hardware.gpus import sysfs_gpus
+
+        cards = sysfs_gpus(self.root)
+        return tuple(GpuSample(index=g.index, vram_used_bytes=g.vram_used_bytes, power_w=g.power_w,
+                               temperature_c=g.temperature_c, utilization_pct=g.utilization_pct) for g in cards), None
+
+    def close(self) -> None:
+        pass
+
+
 class Rapl:
     """CPU package power from Linux powercap (``intel-rapl:N``; AMD Zen exposes it too).
 
@@ -106,13 +123,14 @@ class Sampler:
 
     @classmethod
     def for_this_machine(cls, *, interval: float = 0.5) -> Sampler:
-        """NVIDIA GPUs through NVML when there are any, CPU package power through RAPL when readable."""
-        from backends.hardware.gpus import NvmlSession, NvmlUnavailable
+        """NVIDIA GPUs through NVML, else AMD/Intel cards through sysfs; RAPL when readable."""
+        from backends.hardware.gpus import NvmlSession, NvmlUnavailable, sysfs_gpus
 
+        gpus: GpuSource | None
         try:
-            gpus: GpuSource | None = NvmlSession()
+            gpus = NvmlSession()
         except NvmlUnavailable:
-            gpus = None
+            gpus = SysfsSource() if sysfs_gpus() else None
         return cls(interval=interval, gpus=gpus)
 
     @property
