@@ -31,7 +31,6 @@ from backends.models.compat import draft_incompatibility
 from backends.models.cost_cache import COST_CONTEXTS, COST_CURVE_LENGTH, cost_curve_file, load_cost_curves, save_cost_curves
 
 
-
 @dataclass(frozen=True)
 class SessionConfig:
     model: str  # a known id or a path to a .gguf file

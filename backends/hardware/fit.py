@@ -217,18 +217,13 @@ def plan(shape: ModelShape, hw: HardwareReport, rt: RuntimeSettings | None = Non
         free = gpu.vram_free_bytes if gpu.vram_free_bytes is not None else gpu.vram_total_bytes or 0
         available[f"gpu{gpu.index}"] = max(0, free - VRAM_MARGIN)
     gpu_name = f"gpu{gpu.index}" if gpu is not None else None
-    candidates = [gpu_layers] if gpu_layers is not None else list(range(shape.total_layers if gpu else 0, -1, -1))
-    best: tuple[int, list[MemoryTerm]] | None = None
-    for ngl in candidates:
-        terms = _all_terms(shape, rt, ngl, gpu_name, extra)
-        if all(sum(t.bytes for t in terms if t.device == d) <= cap for d, cap in available.items()):
-            best = (ngl, terms)
-            break
-    max_fit = best[0] if best and gpu_layers is None else _max_fit(shape, rt, gpu_name, extra, available)
-    ngl, terms = best or (candidates[-1], _all_terms(shape, rt, candidates[-1], gpu_name, extra))
-    label = _label(best is not None, ngl if gpu_name else 0, shape.total_layers)
+    max_fit = _max_fit(shape, rt, gpu_name, extra, available)
+    # More layers on the GPU only ever take memory off the CPU, so the most that fit is the best plan.
+    ngl = 0 if gpu_name is None else max_fit if gpu_layers is None else max(0, min(gpu_layers, shape.total_layers))
+    terms = _all_terms(shape, rt, ngl, gpu_name, extra)
+    fits = all(sum(t.bytes for t in terms if t.device == d) <= cap for d, cap in available.items())
     return FitReport(
-        model=shape.name, label=label, fits=best is not None, gpu_layers=ngl if gpu_name else 0,
+        model=shape.name, label=_label(fits, ngl, shape.total_layers), fits=fits, gpu_layers=ngl,
         total_layers=shape.total_layers, max_gpu_layers=max_fit, n_ctx=rt.n_ctx, terms=tuple(terms),
         available=available, notes=tuple(notes),
     )
