@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from backends.core.costs import CostModel, CpuWatch, measure_curves
 from backends.core.engine import generate
@@ -44,9 +44,10 @@ class SessionConfig:
 class Session:
     """A loaded target (and maybe a draft model), ready to answer with any method it can run."""
 
-    def __init__(self, config: SessionConfig) -> None:
+    def __init__(self, config: SessionConfig, *, progress: Callable[[float], bool] | None = None) -> None:
+        """``progress`` sees the target's load progress (0..1) and may return False to cancel it."""
         self.config = config
-        self.model = LlamaModel(resolve_model(config.model), n_gpu_layers=config.n_gpu_layers)
+        self.model = LlamaModel(resolve_model(config.model), n_gpu_layers=config.n_gpu_layers, progress=progress)
         self.draft_model: LlamaModel | None = None
         self.draft_target: LlamaTarget | None = None
         self._costs: CostModel | None = None

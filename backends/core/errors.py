@@ -25,3 +25,7 @@ class BackendError(SpecDeckError):
 
 class UnknownMethodError(SpecDeckError):
     """A method name that is not in the registry."""
+
+
+class Cancelled(SpecDeckError):
+    """The user cancelled a long operation (loading a model); nothing was left half done."""

@@ -109,7 +109,7 @@ def _measure(shape, report: FitReport) -> dict:
     return {"estimate_bytes": alone, "measured_bytes": measured, "error": alone / measured - 1}
 
 
-def _measured_costs(shape, gpu_layers: int):
+def measured_costs(shape, gpu_layers: int):
     """The verify-cost curve a chat session measured for this model with default settings, if any."""
     from backends.core.costs import CostModel
     from backends.llamacpp.target import default_threads
@@ -149,7 +149,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     result = recommend(_model_path(args.model), hw, task=args.task, drafts=drafts,
                        rt=RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type),
                        cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes), target_offers=LlamaTarget.offers,
-                       costs=_measured_costs)
+                       costs=measured_costs)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
         return 0

@@ -90,7 +90,7 @@ def recommend(model: str | Path, hw: HardwareReport, *, task: str = "chat", draf
     ctx = _Context(load_shape(model), hw, rt or RuntimeSettings(), task, store or ObservedStore(), cpu_bandwidth, costs)
     base_fit = plan(ctx.shape, hw, ctx.rt)
     plain, basis = _plain_rate(ctx, base_fit)
-    compatible, rejected = _draft_candidates(ctx.shape, drafts)
+    compatible, rejected = draft_candidates(ctx.shape, drafts)
     offers = target_offers | ({DRAFT_MODEL} if compatible else frozenset())
     recs = [_rate(ctx, spec, plain, compatible, rejected, offers) for spec in REGISTRY.values()]
     recs.sort(key=lambda r: (not (r.fits and r.available), -(r.predicted_tok_s or 0.0)))
@@ -143,7 +143,7 @@ def _plain_rate(ctx: _Context, fit: FitReport) -> tuple[float, str]:
 
 
 # -- drafts ----------------------------------------------------------------------------------
-def _draft_candidates(target: ModelShape, drafts: Sequence[str | Path]) -> tuple[list[ModelShape], list[tuple[str, str]]]:
+def draft_candidates(target: ModelShape, drafts: Sequence[str | Path]) -> tuple[list[ModelShape], list[tuple[str, str]]]:
     """Draft files that share the target's vocabulary and are smaller; the reason for each other."""
     if target.format != "gguf":
         return [], [(str(d), "draft models are GGUF files; this target is a PyTorch model") for d in drafts]

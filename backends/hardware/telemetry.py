@@ -134,6 +134,10 @@ class Sampler:
         return cls(interval=interval, gpus=gpus)
 
     @property
+    def has_gpu(self) -> bool:
+        return self._gpus is not None
+
+    @property
     def has_power(self) -> bool:
         """Whether any power reading can come: RAPL, or a GPU source."""
         return self._rapl.available or self._gpus is not None

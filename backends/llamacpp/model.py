@@ -10,10 +10,11 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
-from backends.core.errors import BackendError, ModelFileError
+from backends.core.errors import BackendError, Cancelled, ModelFileError
 from backends.models.chat import ChatFormat, Message
 from backends.models.gguf_info import VocabInfo, check_gguf_file
 from backends.models.llama_lib import llama, recent_errors
@@ -22,14 +23,27 @@ from backends.models.llama_lib import llama, recent_errors
 class LlamaModel:
     """Loaded weights and vocabulary. Close it (or use ``with``) to free the memory at once."""
 
-    def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, use_mmap: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, use_mmap: bool = True,
+                 progress: Callable[[float], bool] | None = None) -> None:
+        """``progress(fraction)`` is called while the weights load; returning False cancels the load."""
         self.path = check_gguf_file(path)
         lib = llama()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = use_mmap
+        cancelled = False
+        if progress is not None:
+            def on_progress(fraction: float, _user_data: ctypes.c_void_p) -> bool:
+                nonlocal cancelled
+                cancelled = not progress(float(fraction))
+                return not cancelled
+
+            callback = lib.llama_progress_callback(on_progress)  # referenced until the load returns
+            params.progress_callback = callback
         recent_errors.clear()
         model = lib.llama_model_load_from_file(str(self.path).encode(), params)
+        if not model and cancelled:
+            raise Cancelled(f"loading {self.path.name} was cancelled")
         if not model:
             reason = "; ".join(recent_errors) or "llama.cpp gave no reason"
             raise ModelFileError(f"llama.cpp could not load {self.path}: {reason}")

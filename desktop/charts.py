@@ -1,0 +1,128 @@
+"""Live charts: decode speed, acceptance, GPU power and temperature, VRAM, CPU and RAM.
+
+Engine steps arrive as events on the GUI thread and telemetry samples are read from the sampler's
+history; both only append to buffers, and a timer redraws the plots four times a second, so a
+fast stream of steps never turns into a stream of repaints.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import pyqtgraph as pg
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+
+from backends.core.types import Step
+from backends.hardware.telemetry import Sampler
+
+WINDOW_S = 120.0  # seconds of history on screen
+RATE_WINDOW_S = 1.0  # decode tokens/s is averaged over the last second of steps
+NO_GPU = "no NVIDIA GPU detected"
+
+
+class LiveCharts(QWidget):
+    def __init__(self, sampler: Sampler | None, *, has_gpu: bool, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.sampler = sampler
+        self.has_gpu = has_gpu
+        self._t0 = time.monotonic()
+        self._steps: deque[tuple[float, int, int, int]] = deque(maxlen=20000)  # (t, tokens, drafted, accepted)
+        self.series: dict[str, deque[tuple[float, float]]] = {
+            name: deque(maxlen=5000) for name in ("tok_s", "acceptance", "tau", "gpu_w", "gpu_c", "vram_gib", "cpu_pct", "ram_gib")
+        }
+        self._last_sample_t = float("-inf")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.view = pg.GraphicsLayoutWidget()
+        layout.addWidget(self.view)
+        self._build()
+        self.timer = QTimer(self)
+        self.timer.setInterval(250)
+        self.timer.timeout.connect(self.refresh)
+        self.timer.start()
+
+    def _build(self) -> None:
+        v = self.view
+        self.speed = v.addPlot(row=0, col=0, title="decode tokens/s")
+        self.reference = pg.InfiniteLine(angle=0, pen=pg.mkPen((150, 150, 150), style=pg.QtCore.Qt.PenStyle.DashLine),
+                                         label="plain decoding", labelOpts={"position": 0.1})
+        self.reference.setVisible(False)
+        self.speed.addItem(self.reference)
+        self.accept = v.addPlot(row=0, col=1, title="acceptance rate and tau per step")
+        self.accept.addLegend(offset=(5, 5))
+        self.gpu = v.addPlot(row=1, col=0, title="GPU power (W) and temperature (C)")
+        self.vram = v.addPlot(row=1, col=1, title="VRAM used (GiB)")
+        self.host = v.addPlot(row=2, col=0, colspan=2, title="CPU (%) and RAM used (GiB)")
+        self.host.addLegend(offset=(5, 5))
+        self.curves = {
+            "tok_s": self.speed.plot(pen=pg.mkPen((60, 140, 230), width=2)),
+            "acceptance": self.accept.plot(pen=None, symbol="o", symbolSize=4, name="acceptance"),
+            "tau": self.accept.plot(pen=pg.mkPen((230, 140, 60)), name="tau"),
+            "gpu_w": self.gpu.plot(pen=pg.mkPen((230, 80, 80))),
+            "gpu_c": self.gpu.plot(pen=pg.mkPen((240, 180, 60))),
+            "vram_gib": self.vram.plot(pen=pg.mkPen((120, 200, 120))),
+            "cpu_pct": self.host.plot(pen=pg.mkPen((60, 140, 230)), name="CPU %"),
+            "ram_gib": self.host.plot(pen=pg.mkPen((160, 100, 220)), name="RAM GiB"),
+        }
+        if not self.has_gpu:
+            for plot in (self.gpu, self.vram):
+                plot.hideAxis("left")
+                plot.hideAxis("bottom")
+                text = pg.TextItem(NO_GPU, anchor=(0.5, 0.5))
+                plot.addItem(text)
+                text.setPos(0.5, 0.5)
+                plot.setXRange(0, 1)
+                plot.setYRange(0, 1)
+                plot.setMouseEnabled(False, False)
+        self.messages = {"gpu": NO_GPU if not self.has_gpu else None}
+
+    # -- input -------------------------------------------------------------------------------
+    def set_reference(self, tok_s: float | None) -> None:
+        """The plain-decoding rate of the loaded model, drawn as a dashed line."""
+        self.reference.setVisible(tok_s is not None)
+        if tok_s is not None:
+            self.reference.setValue(tok_s)
+
+    def add_step(self, step: Step) -> None:
+        now = time.monotonic() - self._t0
+        self._steps.append((now, len(step.tokens), step.drafted, step.accepted))
+        window = [s for s in self._steps if s[0] >= now - RATE_WINDOW_S]
+        span = now - window[0][0] if len(window) > 1 else 0.0
+        if span > 0:
+            self.series["tok_s"].append((now, sum(s[1] for s in window[1:]) / span))
+        if step.drafted:
+            self.series["acceptance"].append((now, step.accepted / step.drafted))
+        self.series["tau"].append((now, float(len(step.tokens))))
+
+    def _pull_samples(self) -> None:
+        if self.sampler is None:
+            return
+        for s in self.sampler.history(since=self._last_sample_t + 1e-9):
+            t = s.t - self._t0
+            self._last_sample_t = s.t
+            self.series["cpu_pct"].append((t, s.cpu_pct))
+            self.series["ram_gib"].append((t, s.ram_used_bytes / 2**30))
+            if s.gpus:
+                g = s.gpus[0]
+                for name, value in (("gpu_w", g.power_w), ("gpu_c", g.temperature_c),
+                                    ("vram_gib", g.vram_used_bytes / 2**30 if g.vram_used_bytes is not None else None)):
+                    if value is not None:
+                        self.series[name].append((t, value))
+            if s.status:
+                self.messages["gpu"] = s.status
+
+    # -- drawing -----------------------------------------------------------------------------
+    def refresh(self) -> None:
+        self._pull_samples()
+        horizon = time.monotonic() - self._t0 - WINDOW_S
+        for name, curve in self.curves.items():
+            points = [(t, v) for t, v in self.series[name] if t >= horizon]
+            if points:
+                xs, ys = zip(*points)
+                curve.setData(xs, ys)
+
+    def points(self, name: str) -> int:
+        """How many points a series holds (what tests and the screenshot script check)."""
+        return len(self.series[name])

@@ -1,0 +1,295 @@
+"""The comparison panel: one prompt through several methods on the loaded model, side by side.
+
+Plain decoding always runs first as the reference. Each method streams into its own pane; when
+all are done a table gives decode tokens/s, speedup, tau, acceptance, joules per token (when a
+power source exists) and whether the output is identical to plain decoding (with the logit
+margin of the first difference, which shows a numerical near-tie). Runs are kept as JSON in the
+user data directory and can be reloaded and exported.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backends.bench import default_prompts, load_prompts
+from backends.core.types import Finished, Step
+from backends.drafters import REGISTRY
+from backends.models.paths import data_dir
+from desktop.worker import CompareDone, CompareEvent, CompareRow
+
+COLUMNS = ("method", "decode tok/s", "speedup", "tau", "acceptance", "J/token", "identical to ar")
+NEAR_TIE = 0.1  # a first difference this close to a tie is a rounding effect, not a bug
+
+
+class ComparePanel(QWidget):
+    run_requested = Signal(str, tuple)  # prompt, methods
+    stop_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.history_dir = data_dir() / "comparisons"
+        self.panes: dict[str, QTextBrowser] = {}
+        self.texts: dict[str, str] = {}
+        self.last: CompareDone | None = None
+        self.running = False
+        self._build()
+        self.reload_history()
+
+    def _build(self) -> None:
+        self.prompt = QPlainTextEdit()
+        self.prompt.setObjectName("compare_prompt")
+        self.prompt.setPlaceholderText("A prompt to run through every selected method")
+        self.prompt.setMaximumHeight(90)
+        self.category = QComboBox()
+        self.category.addItems(["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"])
+        self.sample_button = QPushButton("Sample from Spec-Bench")
+        self.sample_button.clicked.connect(self.sample_prompt)
+        self.checks: dict[str, QCheckBox] = {}
+        methods_row = QHBoxLayout()
+        methods_row.addWidget(QLabel("Methods:"))
+        for name in REGISTRY:
+            box = QCheckBox(name)
+            box.setChecked(name in ("ar", "pld"))
+            if name == "ar":
+                box.setEnabled(False)  # the reference every other method is measured against
+            self.checks[name] = box
+            methods_row.addWidget(box)
+        methods_row.addStretch(1)
+        self.run_button = QPushButton("Run")
+        self.run_button.clicked.connect(self.run)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setEnabled(False)
+        self.stop_button.clicked.connect(self.stop_requested)
+        for w in (self.category, self.sample_button, self.run_button, self.stop_button):
+            methods_row.addWidget(w)
+
+        self.pane_grid = QGridLayout()
+        panes = QWidget()
+        panes.setLayout(self.pane_grid)
+
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setObjectName("compare_table")
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.chart = pg.PlotWidget(title="decode tokens/s")
+        self.chart.setMinimumHeight(140)
+        self.export_csv = QPushButton("Export CSV")
+        self.export_csv.clicked.connect(lambda: self._export("csv"))
+        self.export_json = QPushButton("Export JSON")
+        self.export_json.clicked.connect(lambda: self._export("json"))
+        self.history = QListWidget()
+        self.history.setObjectName("compare_history")
+        self.history.itemActivated.connect(self._load_history_item)
+        self.history.itemClicked.connect(self._load_history_item)
+        self.note = QLabel()
+        self.note.setWordWrap(True)
+
+        results = QWidget()
+        rv = QVBoxLayout(results)
+        rv.setContentsMargins(0, 0, 0, 0)
+        row = QHBoxLayout()
+        row.addWidget(self.table, 3)
+        row.addWidget(self.chart, 2)
+        rv.addLayout(row)
+        rv.addWidget(self.note)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.export_csv)
+        buttons.addWidget(self.export_json)
+        buttons.addStretch(1)
+        buttons.addWidget(QLabel("Earlier runs:"))
+        rv.addLayout(buttons)
+        rv.addWidget(self.history)
+
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(panes)
+        split.addWidget(results)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.prompt)
+        layout.addLayout(methods_row)
+        layout.addWidget(split, 1)
+
+    # -- running -----------------------------------------------------------------------------
+    def methods(self) -> tuple[str, ...]:
+        return tuple(name for name, box in self.checks.items() if box.isChecked())
+
+    def set_available(self, usable: dict[str, str | None]) -> None:
+        """Grey out methods the loaded session cannot run (name -> reason or None)."""
+        for name, box in self.checks.items():
+            if name == "ar":
+                continue
+            why = usable.get(name)
+            box.setEnabled(why is None)
+            box.setToolTip(why or REGISTRY[name].summary)
+            if why is not None:
+                box.setChecked(False)
+
+    def sample_prompt(self) -> None:
+        try:
+            prompts = load_prompts(default_prompts(), per_category=50, categories=(self.category.currentText(),))
+        except Exception as exc:  # noqa: BLE001 - the prompt file is optional
+            self.note.setText(f"Spec-Bench prompts are not available: {exc}")
+            return
+        if prompts:
+            self.prompt.setPlainText(random.choice(prompts).turns[0])
+
+    def run(self) -> None:
+        text = self.prompt.toPlainText().strip()
+        if not text or self.running:
+            return
+        methods = self.methods()
+        self._start(methods)
+        self.run_requested.emit(text, methods)
+
+    def _start(self, methods: tuple[str, ...]) -> None:
+        self.running = True
+        self.run_button.setEnabled(False)
+        self.stop_button.setEnabled(True)
+        self.note.setText("")
+        self.table.setRowCount(0)
+        self.chart.clear()
+        while self.pane_grid.count():  # the previous run's headers and panes
+            widget = self.pane_grid.takeAt(0).widget()
+            if widget is not None:
+                widget.deleteLater()
+        self.panes, self.texts = {}, {}
+        for col, name in enumerate(m for m in REGISTRY if m in methods):
+            pane = QTextBrowser()
+            pane.setObjectName(f"pane_{name}")
+            self.panes[name] = pane
+            self.texts[name] = ""
+            self.pane_grid.addWidget(QLabel(f"<b>{name}</b>"), 0, col)
+            self.pane_grid.addWidget(pane, 1, col)
+
+    def on_event(self, event: CompareEvent) -> None:
+        pane = self.panes.get(event.method)
+        if pane is None:
+            return
+        if isinstance(event.event, Step) and event.event.text:
+            self.texts[event.method] += event.event.text
+            pane.setPlainText(self.texts[event.method])
+        elif isinstance(event.event, Finished):
+            pane.setPlainText(event.event.text)
+
+    def on_done(self, done: CompareDone) -> None:
+        self._finish()
+        if done.cancelled:
+            self.note.setText("Stopped; nothing measured.")
+            return
+        self.show_result(done)
+        self._save(done)
+
+    def on_failure(self, message: str) -> None:
+        if self.running:
+            self._finish()
+            self.note.setText(f"The comparison failed: {message}")
+
+    def _finish(self) -> None:
+        self.running = False
+        self.run_button.setEnabled(True)
+        self.stop_button.setEnabled(False)
+
+    # -- results -----------------------------------------------------------------------------
+    def show_result(self, done: CompareDone) -> None:
+        self.last = done
+        self.table.setRowCount(len(done.rows))
+        for r, row in enumerate(done.rows):
+            for c, value in enumerate(_cells(row)):
+                item = QTableWidgetItem(value)
+                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
+                self.table.setItem(r, c, item)
+        self.table.resizeColumnsToContents()
+        self.chart.clear()
+        rates = [row.decode_tok_s if math.isfinite(row.decode_tok_s) else 0.0 for row in done.rows]
+        self.chart.addItem(pg.BarGraphItem(x=list(range(len(rates))), height=rates, width=0.6, brush=(60, 140, 230)))
+        self.chart.getAxis("bottom").setTicks([[(i, row.method) for i, row in enumerate(done.rows)]])
+        if any(not row.identical for row in done.rows):
+            self.note.setText(f"Outputs that differ from plain decoding show the target's top-1 minus top-2 logit at the "
+                              f"first difference: below {NEAR_TIE} it is a near-tie that batched and one-token evaluation "
+                              f"round differently, not a different distribution.")
+
+    def _save(self, done: CompareDone) -> None:
+        self.history_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = self.history_dir / f"{stamp}-{done.request_id}.json"
+        path.write_text(json.dumps({"prompt": done.prompt, "rows": [asdict(r) for r in done.rows], "time": time.time()}))
+        self.reload_history()
+
+    def reload_history(self) -> None:
+        self.history.clear()
+        for path in sorted(self.history_dir.glob("*.json"), reverse=True) if self.history_dir.is_dir() else ():
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            item = QListWidgetItem(f"{path.stem[:15]}  {' / '.join(r['method'] for r in data['rows'])}  ·  {data['prompt'][:60]}")
+            item.setData(Qt.ItemDataRole.UserRole, str(path))
+            self.history.addItem(item)
+
+    def _load_history_item(self, item: QListWidgetItem) -> None:
+        data = json.loads(Path(item.data(Qt.ItemDataRole.UserRole)).read_text())
+        rows = tuple(CompareRow(**r) for r in data["rows"])
+        self.prompt.setPlainText(data["prompt"])
+        self._start(tuple(r.method for r in rows))
+        self._finish()
+        for row in rows:
+            if row.method in self.panes:
+                self.panes[row.method].setPlainText(row.text)
+        self.show_result(CompareDone(-1, data["prompt"], rows))
+
+    def _export(self, kind: str) -> None:
+        if self.last is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Export comparison", f"comparison.{kind}")
+        if path:
+            export(self.last, Path(path), kind)
+
+
+def export(done: CompareDone, path: Path, kind: str) -> None:
+    rows = [asdict(r) for r in done.rows]
+    if kind == "json":
+        path.write_text(json.dumps({"prompt": done.prompt, "rows": rows}, indent=1))
+        return
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["method"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _cells(row: CompareRow) -> tuple[str, ...]:
+    def num(value: float | None, fmt: str) -> str:
+        return "-" if value is None or not math.isfinite(value) else fmt.format(value)
+
+    if row.identical:
+        same = "yes"
+    else:
+        margin = row.divergence_margin
+        same = f"no (near-tie, margin {margin:.3f})" if margin is not None and margin < NEAR_TIE else f"NO (margin {num(margin, '{:.3f}')})"
+    return (row.method, num(row.decode_tok_s, "{:.1f}"), num(row.speedup, "{:.2f}x"), num(row.tau, "{:.2f}"),
+            num(row.acceptance_rate, "{:.0%}"), num(row.joules_per_token, "{:.3f}"), same)

@@ -1,0 +1,97 @@
+"""A settings form generated from a method's settings dataclass, so a new method needs no GUI code.
+
+Each field becomes an editor by its type (int: spin box, float: decimal spin box, bool: check box,
+anything else: a line edit); the dataclass's own ``__post_init__`` validation decides what is
+accepted, and its message is shown under the form instead of a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QFormLayout, QLabel, QLineEdit, QSpinBox, QWidget
+
+
+class DataclassForm(QWidget):
+    changed = Signal()
+
+    def __init__(self, settings_type: type, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.settings_type = settings_type
+        self.editors: dict[str, QWidget] = {}
+        layout = QFormLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        hints = typing.get_type_hints(settings_type)
+        defaults = settings_type()
+        for f in dataclasses.fields(settings_type):
+            editor = self._editor(hints.get(f.name, str), getattr(defaults, f.name))
+            editor.setObjectName(f"setting_{f.name}")
+            self.editors[f.name] = editor
+            layout.addRow(f.name.replace("_", " "), editor)
+        self.error = QLabel()
+        self.error.setWordWrap(True)
+        self.error.setStyleSheet("color: #c0392b")
+        layout.addRow(self.error)
+
+    def _editor(self, kind: Any, value: Any) -> QWidget:
+        if kind is bool:
+            box = QCheckBox()
+            box.setChecked(bool(value))
+            box.toggled.connect(self.changed)
+            return box
+        if kind is int:
+            spin = QSpinBox()
+            spin.setRange(-1_000_000, 1_000_000)
+            spin.setValue(int(value))
+            spin.valueChanged.connect(self.changed)
+            return spin
+        if kind is float:
+            dspin = QDoubleSpinBox()
+            dspin.setRange(-1e6, 1e6)
+            dspin.setDecimals(3)
+            dspin.setSingleStep(0.05)
+            dspin.setValue(float(value))
+            dspin.valueChanged.connect(self.changed)
+            return dspin
+        line = QLineEdit("" if value is None else str(value))
+        line.textChanged.connect(self.changed)
+        return line
+
+    def values(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, editor in self.editors.items():
+            if isinstance(editor, QCheckBox):
+                out[name] = editor.isChecked()
+            elif isinstance(editor, (QSpinBox, QDoubleSpinBox)):
+                out[name] = editor.value()
+            else:
+                out[name] = editor.text()
+        return out
+
+    def set_values(self, values: dict[str, Any]) -> None:
+        for name, value in values.items():
+            editor = self.editors.get(name)
+            if isinstance(editor, QCheckBox):
+                editor.setChecked(bool(value))
+            elif isinstance(editor, (QSpinBox, QDoubleSpinBox)):
+                editor.setValue(value)
+            elif isinstance(editor, QLineEdit):
+                editor.setText(str(value))
+
+    def settings(self) -> Any | None:
+        """The validated settings object, or None with the reason shown under the form."""
+        try:
+            value = self.settings_type(**self.values())
+        except (ValueError, TypeError) as exc:
+            self.error.setText(str(exc))
+            return None
+        self.error.setText("")
+        return value
+
+    def changed_values(self) -> dict[str, Any]:
+        """Only the fields that differ from the defaults (what a request needs to carry)."""
+        defaults = dataclasses.asdict(self.settings_type())
+        return {k: v for k, v in self.values().items() if defaults.get(k) != v}

@@ -1,0 +1,55 @@
+"""Short background jobs that do not touch llama.cpp (GGUF headers, hardware probes, estimates).
+
+They run on Qt's global thread pool so the GUI thread never waits on a disk read or a probe; the
+result comes back as a queued signal on the GUI thread. A job whose owner is gone is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+
+
+class _Relay(QObject):
+    done = Signal(object)
+    failed = Signal(str)
+
+
+class _Job(QRunnable):
+    def __init__(self, fn: Callable[[], Any], relay: _Relay) -> None:
+        super().__init__()
+        self.fn, self.relay = fn, relay
+
+    def run(self) -> None:
+        try:
+            result = self.fn()
+        except Exception as exc:  # noqa: BLE001 - reported to the GUI, never raised in a pool thread
+            self.relay.failed.emit(str(exc) or type(exc).__name__)
+        else:
+            self.relay.done.emit(result)
+
+
+_live: set[_Relay] = set()
+
+
+def run_job(owner: QObject, fn: Callable[[], Any], on_done: Callable[[Any], None],
+            on_error: Callable[[str], None] | None = None) -> None:
+    """Run ``fn`` off the GUI thread; ``on_done(result)`` or ``on_error(message)`` runs on it."""
+    relay = _Relay(owner)  # parented: if the owner is destroyed, the relay and its callbacks go too
+    _live.add(relay)
+
+    def finish(callback: Callable[[Any], None] | None, value: Any) -> None:
+        _live.discard(relay)
+        if callback is not None:
+            callback(value)
+        relay.deleteLater()
+
+    relay.done.connect(lambda result: finish(on_done, result))
+    relay.failed.connect(lambda message: finish(on_error, message))
+    QThreadPool.globalInstance().start(_Job(fn, relay))
+
+
+def wait_for_jobs(msecs: int = 30000) -> bool:
+    """Block until the pool is idle (tests and shutdown)."""
+    return QThreadPool.globalInstance().waitForDone(msecs)

@@ -1,0 +1,183 @@
+"""The model library: the catalog's models plus folders the user adds, with metadata and fit.
+
+Rows appear at once; each file's GGUF header (or Hugging Face config) is read on the thread
+pool, since a big vocabulary takes seconds to parse the first time, and its row is filled in
+with architecture, size, quantization, context length and the fit label for this machine.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backends.hardware.fit import RuntimeSettings, plan
+from backends.hardware.shape import load_shape
+from backends.hardware.types import HardwareReport
+from backends.models.catalog import CATALOG, list_models
+from backends.models.gguf_info import read_gguf_info
+from desktop.jobs import run_job
+
+_SPLIT_PART = re.compile(r"-(\d{5})-of-\d{5}$")
+COLUMNS = ("model", "architecture", "parameters", "quantization", "context", "size", "fit on this machine")
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    spec: str  # what Session takes: a catalog id or a path
+    label: str
+    path: Path | None  # None until a derived catalog model is made
+
+
+@dataclass(frozen=True)
+class EntryDetails:
+    spec: str
+    architecture: str
+    parameters: str
+    quantization: str
+    context: str
+    size: str
+    fit: str
+
+
+def scan_folder(folder: Path) -> list[LibraryEntry]:
+    """.gguf files (split files by their first part) and Hugging Face folders under ``folder``."""
+    entries = []
+    for path in sorted(folder.rglob("*.gguf")):
+        split = _SPLIT_PART.search(path.stem)
+        if split and split.group(1) != "00001":  # llama.cpp loads a split model from its first part
+            continue
+        entries.append(LibraryEntry(str(path), path.name, path))
+    for config in sorted(folder.rglob("config.json")):
+        if any(config.parent.glob("*.safetensors")):
+            entries.append(LibraryEntry(str(config.parent), config.parent.name + " (safetensors)", config.parent))
+    return entries
+
+
+def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int) -> EntryDetails:
+    """Off the GUI thread: header metadata and the fit label."""
+    path = entry.path
+    if path is None or not path.exists():
+        return EntryDetails(entry.spec, "-", "-", "-", "-", "-", "made on first use")
+    shape = load_shape(path)
+    if shape.format == "gguf":
+        info = read_gguf_info(path)
+        quant, params, size = info.file_type, info.n_params, info.file_size
+    else:
+        quant, params = f"{shape.weight_dtype_bytes * 8}-bit", None
+        size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    fit = plan(shape, hw, RuntimeSettings(n_ctx=n_ctx)).label if hw is not None else "..."
+    return EntryDetails(
+        entry.spec, shape.architecture, f"{params / 1e6:.0f} M" if params else "-", quant,
+        f"{shape.n_ctx_train:,}", f"{size / 2**20:,.0f} MiB", fit,
+    )
+
+
+class ModelLibrary(QWidget):
+    load_requested = Signal(str, int)  # model spec, n_ctx
+    folders_changed = Signal(list)
+
+    def __init__(self, folders: list[str], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.folders = [f for f in folders if Path(f).is_dir()]
+        self.hardware: HardwareReport | None = None
+        self.entries: list[LibraryEntry] = []
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setObjectName("model_library")
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.cellDoubleClicked.connect(lambda row, _col: self._load_row(row))
+        self.ctx = QSpinBox()
+        self.ctx.setObjectName("n_ctx")
+        self.ctx.setRange(256, 1 << 20)
+        self.ctx.setSingleStep(1024)
+        self.ctx.setValue(4096)
+        self.ctx.setSuffix(" tokens")
+        self.ctx.valueChanged.connect(lambda _: self.refresh_details())
+        self.load_button = QPushButton("Load")
+        self.load_button.clicked.connect(lambda: self._load_row(self.table.currentRow()))
+        self.add_button = QPushButton("Add folder ...")
+        self.add_button.clicked.connect(self._add_folder)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Context"))
+        row.addWidget(self.ctx)
+        row.addStretch(1)
+        row.addWidget(self.add_button)
+        row.addWidget(self.load_button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(row)
+        self.rescan()
+
+    def rescan(self) -> None:
+        present = {r["id"]: r for r in list_models()}
+        entries = [LibraryEntry(mid, mid + (" (bundled)" if i == 0 else ""), Path(present[mid]["path"]) if present[mid]["present"] else None)
+                   for i, mid in enumerate(CATALOG)]
+        known = {str(e.path) for e in entries if e.path}
+        for folder in self.folders:
+            entries += [e for e in scan_folder(Path(folder)) if e.spec not in known]
+        self.entries = entries
+        self.table.setRowCount(len(entries))
+        for r, entry in enumerate(entries):
+            item = QTableWidgetItem(entry.label)
+            item.setData(Qt.ItemDataRole.UserRole, entry.spec)
+            item.setToolTip(str(entry.path or "derived from the bundled model when first used"))
+            self.table.setItem(r, 0, item)
+        self.refresh_details()
+
+    def set_hardware(self, report: HardwareReport) -> None:
+        self.hardware = report
+        self.refresh_details()
+
+    def refresh_details(self) -> None:
+        hw, n_ctx = self.hardware, self.ctx.value()
+        for entry in self.entries:
+            run_job(self, lambda e=entry: entry_details(e, hw, n_ctx), self._show_details,
+                    lambda msg, e=entry: self._show_error(e.spec, msg))
+
+    def _row_of(self, spec: str) -> int | None:
+        return next((r for r, e in enumerate(self.entries) if e.spec == spec), None)
+
+    def _show_details(self, d: EntryDetails) -> None:
+        row = self._row_of(d.spec)
+        if row is None:
+            return
+        for col, value in enumerate((d.architecture, d.parameters, d.quantization, d.context, d.size, d.fit), start=1):
+            self.table.setItem(row, col, QTableWidgetItem(value))
+
+    def _show_error(self, spec: str, message: str) -> None:
+        row = self._row_of(spec)
+        if row is not None:
+            item = QTableWidgetItem("unreadable")
+            item.setToolTip(message)
+            self.table.setItem(row, len(COLUMNS) - 1, item)
+
+    def _load_row(self, row: int) -> None:
+        if 0 <= row < len(self.entries):
+            self.load_requested.emit(self.entries[row].spec, self.ctx.value())
+
+    def _add_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")
+        if folder:
+            self.add_folder(folder)
+
+    def add_folder(self, folder: str) -> None:
+        if folder not in self.folders:
+            self.folders.append(folder)
+            self.folders_changed.emit(self.folders)
+        self.rescan()

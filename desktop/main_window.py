@@ -1,0 +1,380 @@
+"""The SpecDeck main window: model library, hardware, method chooser, chat, live charts, comparison.
+
+The window owns no model. It sends requests to the worker thread (``desktop.worker``) through
+queued signals and shows what comes back; anything slow that does not touch llama.cpp (GGUF
+headers, hardware probes, fit estimates, recommendations) runs on the thread pool. So the GUI
+thread only ever draws, and a failure anywhere becomes a message in the window.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from PySide6.QtCore import QMetaObject, QSettings, Qt, QThread, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backends.core.types import Finished, Step
+from backends.drafters import DRAFT_MODEL, REGISTRY
+from backends.factory import SessionConfig
+from backends.hardware.detect import detect_hardware
+from backends.hardware.fit import CPU, Extra, MemoryTerm, RuntimeSettings, plan
+from backends.hardware.recommend import draft_candidates, recommend
+from backends.hardware.shape import load_shape
+from backends.hardware.telemetry import Sampler
+from backends.hardware.types import HardwareReport
+from backends.llamacpp.target import LlamaTarget
+from backends.models.catalog import CATALOG, DEFAULT_MODEL, is_present, resolve_model
+from desktop.charts import LiveCharts
+from desktop.chat import ChatPanel
+from desktop.compare import ComparePanel
+from desktop.jobs import run_job
+from desktop.library import ModelLibrary
+from desktop.panels import HardwarePanel, MethodAdvice, MethodPanel, SamplingPanel
+from desktop.store import ConversationStore
+from desktop.worker import (
+    AnswerEvent,
+    AnswerRequest,
+    CompareDone,
+    CompareEvent,
+    CompareRequest,
+    Failure,
+    LoadRequest,
+    ModelReady,
+    Worker,
+)
+
+TITLE = "SpecDeck"
+
+
+class MainWindow(QMainWindow):
+    load_request = Signal(object)
+    answer_request = Signal(object)
+    compare_request = Signal(object)
+
+    def __init__(self, *, sampler: Sampler | None, store: ConversationStore, settings: QSettings,
+                 autoload: str | None = DEFAULT_MODEL) -> None:
+        super().__init__()
+        self.settings = settings
+        self.sampler = sampler
+        self.hardware: HardwareReport | None = None
+        self.model: ModelReady | None = None
+        self.busy = False
+        self._ids = itertools.count(1)
+        self._answer: AnswerRequest | None = None
+        self._compare: CompareRequest | None = None
+        self._load: LoadRequest | None = None
+        self._ask_after_load: list | None = None
+        self.setWindowTitle(TITLE)
+        self._start_worker()
+        self._build(store)
+        self._restore()
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.stop)
+        run_job(self, detect_hardware, self._on_hardware, lambda msg: self.show_error("Hardware detection failed", msg))
+        model = autoload and (self.settings.value("model/last", autoload) or autoload)
+        if model:
+            self.load_model(str(model), int(self.settings.value("model/n_ctx", 4096)))
+        self.chat.input.setFocus()
+
+    # -- construction ------------------------------------------------------------------------
+    def _start_worker(self) -> None:
+        self.thread = QThread(self)
+        self.thread.setObjectName("specdeck-inference")
+        self.worker = Worker(self.sampler)
+        self.worker.moveToThread(self.thread)
+        self.load_request.connect(self.worker.load)
+        self.answer_request.connect(self.worker.answer)
+        self.compare_request.connect(self.worker.compare)
+        w = self.worker
+        w.loading.connect(self._on_loading)
+        w.progress.connect(self._on_progress)
+        w.ready.connect(self._on_ready)
+        w.unloaded.connect(self._on_unloaded)
+        w.answer_event.connect(self._on_answer_event)
+        w.compare_event.connect(self._on_compare_event)
+        w.compare_done.connect(self._on_compare_done)
+        w.failed.connect(self._on_failure)
+        w.busy.connect(self._on_busy)
+        self.thread.start()
+
+    def _build(self, store: ConversationStore) -> None:
+        self.chat = ChatPanel(store)
+        self.chat.send_requested.connect(self.ask)
+        self.chat.stop_requested.connect(self.stop)
+        self.compare = ComparePanel()
+        self.compare.run_requested.connect(self.run_comparison)
+        self.compare.stop_requested.connect(self.stop)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.chat, "Chat")
+        self.tabs.addTab(self.compare, "Compare methods")
+        self.banner = QLabel()
+        self.banner.setObjectName("error_banner")
+        self.banner.setWordWrap(True)
+        self.banner.setStyleSheet("background:#fdecea; color:#8a1c12; padding:6px; border:1px solid #f5c6cb")
+        self.banner_close = QPushButton("Dismiss")
+        self.banner_close.clicked.connect(self.clear_error)
+        banner_row = QHBoxLayout()
+        banner_row.addWidget(self.banner, 1)
+        banner_row.addWidget(self.banner_close)
+        central = QWidget()
+        cv = QVBoxLayout(central)
+        cv.setContentsMargins(4, 4, 4, 4)
+        cv.addLayout(banner_row)
+        cv.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
+        self.clear_error()
+
+        self.library = ModelLibrary(list(self.settings.value("library/folders", []) or []))
+        self.library.load_requested.connect(self.load_model)
+        self.library.folders_changed.connect(lambda folders: self.settings.setValue("library/folders", folders))
+        self.hardware_panel = HardwarePanel()
+        self.methods = MethodPanel()
+        self.methods.draft_chosen.connect(self.load_draft)
+        self.sampling = SamplingPanel()
+        side = QWidget()
+        sv = QVBoxLayout(side)
+        sv.addWidget(self.methods)
+        sv.addWidget(self.sampling)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(side)
+        self.charts = LiveCharts(self.sampler, has_gpu=bool(self.sampler and self.sampler.has_gpu))
+        self._dock("Models", self.library, Qt.DockWidgetArea.LeftDockWidgetArea)
+        hw_dock = self._dock("Hardware", self.hardware_panel, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.tabifyDockWidget(self.findChild(QDockWidget, "dock_Models"), hw_dock)
+        self.findChild(QDockWidget, "dock_Models").raise_()
+        self._dock("Method and sampling", scroll, Qt.DockWidgetArea.RightDockWidgetArea)
+        self._dock("Live charts", self.charts, Qt.DockWidgetArea.BottomDockWidgetArea)
+
+        self.status_label = QLabel("No model loaded")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 100)
+        self.progress.setMaximumWidth(200)
+        self.cancel_load = QPushButton("Cancel loading")
+        self.cancel_load.clicked.connect(self.stop)
+        self.statusBar().addWidget(self.status_label, 1)
+        self.statusBar().addPermanentWidget(self.progress)
+        self.statusBar().addPermanentWidget(self.cancel_load)
+        self.progress.hide()
+        self.cancel_load.hide()
+
+    def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(f"dock_{title.split()[0]}")
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    # -- settings ----------------------------------------------------------------------------
+    def _restore(self) -> None:
+        geometry, state = self.settings.value("window/geometry"), self.settings.value("window/state")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1400, 900)
+        if state is not None:
+            self.restoreState(state)
+        sampling = self.settings.value("sampling/state")
+        if isinstance(sampling, dict):
+            self.sampling.restore(sampling)
+        self.sampling.system.setPlainText(str(self.settings.value("sampling/system", "") or ""))
+        self._wanted_method = str(self.settings.value("method/name", "pld"))
+        self.methods.select(self._wanted_method)
+
+    def save_settings(self) -> None:
+        s = self.settings
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/state", self.saveState())
+        s.setValue("sampling/state", self.sampling.state())
+        s.setValue("sampling/system", self.sampling.system.toPlainText())
+        s.setValue("method/name", self.methods.method())
+        if self.model is not None:
+            s.setValue("model/last", self.model.model)
+            s.setValue("model/n_ctx", self.model.n_ctx)
+        s.sync()
+
+    # -- model loading -----------------------------------------------------------------------
+    def load_model(self, spec: str, n_ctx: int = 4096, draft: str | None = None) -> None:
+        if self.busy:
+            self.show_error("Busy", "Stop the current answer or comparison before loading a model.")
+            return
+        self._load = LoadRequest(SessionConfig(model=spec, draft_model=draft, n_ctx=n_ctx))
+        self.load_request.emit(self._load)
+
+    def load_draft(self, draft_path: str) -> None:
+        if self.model is not None:
+            self.load_model(self.model.model, self.model.n_ctx, draft=draft_path)
+
+    def _on_loading(self, spec: str) -> None:
+        self.model = None
+        self.status_label.setText(f"Loading {spec} ...")
+        self.progress.setValue(0)
+        self.progress.show()
+        self.cancel_load.show()
+        self._set_title(None)
+
+    def _on_progress(self, fraction: float) -> None:
+        if 0.0 <= fraction <= 1.0:
+            self.progress.setValue(round(fraction * 100))
+
+    def _on_ready(self, ready: ModelReady) -> None:
+        self.model = ready
+        self._load = None
+        self.progress.hide()
+        self.cancel_load.hide()
+        draft = f" + draft {ready.draft_model}" if ready.draft_model else ""
+        self.status_label.setText(f"{ready.name}{draft} · context {ready.n_ctx} · loaded in {ready.seconds:.1f} s · ready")
+        self._set_title(ready.name)
+        self.clear_error()
+        self._refresh_advice()
+
+    def _on_unloaded(self) -> None:
+        self._load = None
+        self.progress.hide()
+        self.cancel_load.hide()
+        self.status_label.setText("No model loaded")
+
+    def _set_title(self, name: str | None) -> None:
+        self.setWindowTitle(f"{TITLE} — {name}" if name else TITLE)
+
+    # -- advice: fit labels, recommendation, usable methods ----------------------------------
+    def _on_hardware(self, report: HardwareReport) -> None:
+        self.hardware = report
+        self.hardware_panel.show_report(report)
+        self.library.set_hardware(report)
+        self._refresh_advice()
+
+    def _refresh_advice(self) -> None:
+        if self.model is None or self.hardware is None:
+            return
+        ready, hw = self.model, self.hardware
+        run_job(self, lambda: compute_advice(ready, hw), self._on_advice,
+                lambda msg: self.show_error("Could not estimate the methods", msg))
+
+    def _on_advice(self, advice: MethodAdvice) -> None:
+        if self.model is None:
+            return
+        self.methods.set_advice(advice, self.model.offers)
+        if self._wanted_method:
+            self.methods.select(self._wanted_method)
+            self._wanted_method = ""
+        self.compare.set_available({m: self.methods.disabled_reason(m) for m in REGISTRY})
+        self.charts.set_reference(advice.recommendations.plain_tok_s)
+
+    # -- chat --------------------------------------------------------------------------------
+    def ask(self, conversation: list) -> None:
+        generation = self.sampling.generation()
+        method_settings = self.methods.method_settings()
+        if self.model is None or generation is None or method_settings is None:
+            why = "Load a model first." if self.model is None else "Fix the highlighted setting first."
+            self.chat.on_failure(why)
+            return
+        system = self.sampling.system.toPlainText().strip()
+        messages = tuple(([{"role": "system", "content": system}] if system else []) + conversation)
+        self._answer = AnswerRequest(next(self._ids), messages, self.methods.method(), generation, method_settings,
+                                     template=self.sampling.template_override())
+        self.answer_request.emit(self._answer)
+
+    def _on_answer_event(self, ev: AnswerEvent) -> None:
+        if self._answer is None or ev.request_id != self._answer.request_id:
+            return
+        self.chat.on_event(ev.event, ev.draft_text)
+        if isinstance(ev.event, Step):
+            self.charts.add_step(ev.event)
+        elif isinstance(ev.event, Finished):
+            self._answer = None
+
+    # -- comparison --------------------------------------------------------------------------
+    def run_comparison(self, prompt: str, methods: tuple) -> None:
+        generation = self.sampling.generation()
+        if self.model is None or generation is None:
+            self.compare.on_failure("Load a model first." if self.model is None else "Fix the sampling settings first.")
+            return
+        settings = {m: self.methods.form_of[m].changed_values() for m in methods}
+        self._compare = CompareRequest(next(self._ids), prompt, methods, generation, settings)
+        self.compare_request.emit(self._compare)
+
+    def _on_compare_event(self, ev: CompareEvent) -> None:
+        if self._compare is not None and ev.request_id == self._compare.request_id:
+            self.compare.on_event(ev)
+            if isinstance(ev.event, Step):
+                self.charts.add_step(ev.event)
+
+    def _on_compare_done(self, done: CompareDone) -> None:
+        if self._compare is not None and done.request_id == self._compare.request_id:
+            self._compare = None
+            self.compare.on_done(done)
+
+    # -- stopping, errors --------------------------------------------------------------------
+    def stop(self) -> None:
+        """Esc: stop whatever runs (answer, comparison or load) within one step."""
+        for request in (self._answer, self._compare, self._load):
+            if request is not None:
+                request.cancel.set()
+
+    def _on_busy(self, busy: bool) -> None:
+        self.busy = busy
+
+    def _on_failure(self, failure: Failure) -> None:
+        if self._answer is not None and failure.request_id == self._answer.request_id:
+            self._answer = None
+            self.chat.on_failure(failure.message)
+        elif self._compare is not None and failure.request_id == self._compare.request_id:
+            self._compare = None
+            self.compare.on_failure(failure.message)
+        self.show_error(failure.title, failure.message)
+
+    def show_error(self, title: str, message: str) -> None:
+        self.banner.setText(f"<b>{title}</b>: {message}")
+        self.banner.show()
+        self.banner_close.show()
+
+    def clear_error(self) -> None:
+        self.banner.clear()
+        self.banner.hide()
+        self.banner_close.hide()
+
+    def error_text(self) -> str:
+        return self.banner.text() if self.banner.isVisible() else ""
+
+    # -- closing -----------------------------------------------------------------------------
+    def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self.save_settings()
+        self.stop()  # the worker finishes its current step, then frees the models
+        QMetaObject.invokeMethod(self.worker, "shutdown", Qt.ConnectionType.BlockingQueuedConnection)
+        self.thread.quit()
+        self.thread.wait(10_000)
+        self.chat.store.close()
+        super().closeEvent(event)
+
+
+def compute_advice(ready: ModelReady, hw: HardwareReport) -> MethodAdvice:
+    """Off the GUI thread: rank the methods, fit each one, sort drafts into usable and not."""
+    from backends.hardware.bandwidth import cpu_bandwidth
+    from backends.hardware.commands import measured_costs
+
+    drafts = [resolve_model(m) for m in CATALOG if is_present(m)]
+    rt = RuntimeSettings(n_ctx=ready.n_ctx)
+    recs = recommend(ready.path, hw, drafts=drafts, rt=rt, cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes),
+                     target_offers=LlamaTarget.offers, costs=measured_costs)
+    shape = load_shape(ready.path)
+    compatible, rejected = draft_candidates(shape, drafts)
+    draft_shape = load_shape(ready.draft_model) if ready.draft_model else (compatible[0] if compatible else None)
+    fits = {}
+    for name, spec in REGISTRY.items():
+        pool = MemoryTerm(f"{name} pool", spec.pool_bytes(rt.n_ctx), CPU)
+        draft = draft_shape if DRAFT_MODEL in spec.requires else None
+        fits[name] = plan(shape, hw, rt, Extra(draft=draft, terms=(pool,) if pool.bytes else ()))
+    return MethodAdvice(recs, fits, tuple(Path(s.path) for s in compatible), tuple(rejected))

@@ -1,0 +1,296 @@
+"""The side panels: sampling settings, the method chooser, the hardware report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QStandardItem, QStandardItemModel
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from backends.core.types import GenerationSettings, SamplingSettings
+from backends.drafters import REGISTRY, describe
+from backends.hardware.detect import format_report
+from backends.hardware.fit import FitReport
+from backends.hardware.recommend import Recommendation, Recommendations
+from backends.hardware.types import HardwareReport
+from desktop.forms import DataclassForm
+
+MiB = 1024**2
+
+
+class SamplingPanel(QGroupBox):
+    """Sampling, length, system prompt and chat-template override for the next answers."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Sampling", parent)
+        form = QFormLayout(self)
+        d = SamplingSettings()
+        self.temperature = _dspin(0, 5, d.temperature, 0.05)
+        self.top_k = _spin(0, 100000, d.top_k)
+        self.top_p = _dspin(0, 1, d.top_p, 0.01)
+        self.min_p = _dspin(0, 1, d.min_p, 0.01)
+        self.repeat_penalty = _dspin(0.5, 3, d.repeat_penalty, 0.05)
+        self.seed = _spin(-1, 2**31 - 1, -1)
+        self.seed.setSpecialValueText("random")
+        self.max_tokens = _spin(1, 1_000_000, 512)
+        self.system = QPlainTextEdit()
+        self.system.setPlaceholderText("System prompt (optional)")
+        self.system.setMaximumHeight(70)
+        self.override_template = QCheckBox("Override the model's chat template")
+        self.template = QPlainTextEdit()
+        self.template.setPlaceholderText("Jinja2 chat template, as in tokenizer.chat_template")
+        self.template.setMaximumHeight(90)
+        self.template.setEnabled(False)
+        self.override_template.toggled.connect(self.template.setEnabled)
+        self.error = QLabel()
+        self.error.setStyleSheet("color: #c0392b")
+        self.error.setWordWrap(True)
+        for label, widget in (("temperature (0 = greedy)", self.temperature), ("top-k", self.top_k), ("top-p", self.top_p),
+                              ("min-p", self.min_p), ("repeat penalty", self.repeat_penalty), ("seed", self.seed),
+                              ("max new tokens", self.max_tokens)):
+            widget.setObjectName(label.split(" (")[0].replace(" ", "_").replace("-", "_"))
+            form.addRow(label, widget)
+        form.addRow(self.system)
+        form.addRow(self.override_template)
+        form.addRow(self.template)
+        form.addRow(self.error)
+
+    def generation(self) -> GenerationSettings | None:
+        try:
+            sampling = SamplingSettings(
+                temperature=self.temperature.value(), top_k=self.top_k.value(), top_p=self.top_p.value(),
+                min_p=self.min_p.value(), repeat_penalty=self.repeat_penalty.value(),
+                seed=None if self.seed.value() < 0 else self.seed.value(),
+            )
+            settings = GenerationSettings(max_new_tokens=self.max_tokens.value(), sampling=sampling)
+        except ValueError as exc:
+            self.error.setText(str(exc))
+            return None
+        self.error.setText("")
+        return settings
+
+    def template_override(self) -> str | None:
+        text = self.template.toPlainText().strip()
+        return text if self.override_template.isChecked() and text else None
+
+    def state(self) -> dict:
+        return {"temperature": self.temperature.value(), "top_k": self.top_k.value(), "top_p": self.top_p.value(),
+                "min_p": self.min_p.value(), "repeat_penalty": self.repeat_penalty.value(), "seed": self.seed.value(),
+                "max_tokens": self.max_tokens.value()}
+
+    def restore(self, state: dict) -> None:
+        for name, value in state.items():
+            widget = getattr(self, name, None)
+            if isinstance(widget, (QSpinBox, QDoubleSpinBox)):
+                widget.setValue(type(widget.value())(value))
+
+
+@dataclass(frozen=True)
+class MethodAdvice:
+    """What the background estimate found for the loaded model: ranking, fits, drafts."""
+
+    recommendations: Recommendations
+    fits: dict[str, FitReport]
+    compatible_drafts: tuple[Path, ...]
+    rejected_drafts: tuple[tuple[str, str], ...]
+
+
+class MethodPanel(QGroupBox):
+    """Every method with its fit label and predicted speed; unusable ones greyed out with why."""
+
+    method_changed = Signal(str)
+    draft_chosen = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Method", parent)
+        layout = QVBoxLayout(self)
+        self.combo = QComboBox()
+        self.combo.setObjectName("method")
+        self.items = QStandardItemModel(self)
+        self.combo.setModel(self.items)
+        self.reason = QLabel("Load a model to see which methods fit.")
+        self.reason.setWordWrap(True)
+        self.recommended = QLabel()
+        self.recommended.setWordWrap(True)
+        self.recommended.setObjectName("recommendation")
+        self.memory = QLabel()
+        self.memory.setWordWrap(True)
+        self.memory.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.forms = QStackedWidget()
+        self.form_of: dict[str, DataclassForm] = {}
+        for name, spec in REGISTRY.items():
+            self.items.appendRow(_method_item(name, name, None))
+            form = DataclassForm(spec.settings_type)
+            self.form_of[name] = form
+            self.forms.addWidget(form)
+        self.draft_box = QComboBox()
+        self.draft_box.setObjectName("draft_model")
+        self.draft_items = QStandardItemModel(self)
+        self.draft_box.setModel(self.draft_items)
+        self.load_draft = QPushButton("Load draft model")
+        self.load_draft.clicked.connect(self._choose_draft)
+        layout.addWidget(self.combo)
+        layout.addWidget(self.recommended)
+        layout.addWidget(self.reason)
+        layout.addWidget(self.forms)
+        layout.addWidget(QLabel("Draft model (same vocabulary only):"))
+        layout.addWidget(self.draft_box)
+        layout.addWidget(self.load_draft)
+        layout.addWidget(self.memory)
+        layout.addStretch(1)
+        self.advice: MethodAdvice | None = None
+        self.combo.currentIndexChanged.connect(self._on_method)
+        self.select("pld")
+
+    # -- the chosen method -------------------------------------------------------------------
+    def method(self) -> str:
+        item = self.items.item(max(0, self.combo.currentIndex()))
+        return item.data(_NAME) if item is not None else "ar"
+
+    def select(self, name: str) -> bool:
+        for row in range(self.items.rowCount()):
+            item = self.items.item(row)
+            if item.data(_NAME) == name and item.isEnabled():
+                self.combo.setCurrentIndex(row)
+                return True
+        return False
+
+    def method_settings(self) -> dict | None:
+        """Changed settings of the chosen method, or None when its form holds an invalid value."""
+        form = self.form_of[self.method()]
+        return None if form.settings() is None else form.changed_values()
+
+    def _on_method(self, _row: int) -> None:
+        name = self.method()
+        self.forms.setCurrentWidget(self.form_of[name])
+        self._show_details(name)
+        self.method_changed.emit(name)
+
+    def _choose_draft(self) -> None:
+        path = self.draft_box.currentData()
+        if path:
+            self.draft_chosen.emit(path)
+
+    # -- advice from the estimator -----------------------------------------------------------
+    def set_advice(self, advice: MethodAdvice, offers: frozenset[str]) -> None:
+        """Label every method; grey out those the loaded session cannot run, saying why."""
+        self.advice = advice
+        current = self.method()
+        by_name = {r.method: r for r in advice.recommendations.ranked}
+        self.combo.blockSignals(True)  # rebuilding the list is not the user choosing a method
+        self.items.clear()
+        for name, spec in REGISTRY.items():
+            rec = by_name.get(name)
+            label = name + (f"  ~{rec.predicted_speedup:.2f}x" if rec and rec.predicted_speedup else "")
+            label += f"  ·  {advice.fits[name].label}" if name in advice.fits else ""
+            why_not = _why_disabled(name, spec.requires - offers, rec)
+            self.items.appendRow(_method_item(name, label, why_not, rec.reason if rec else spec.summary))
+        usable = [r for r in advice.recommendations.ranked if _why_disabled(r.method, REGISTRY[r.method].requires - offers, r) is None]
+        best = usable[0] if usable else None
+        if best is not None:
+            self.recommended.setText(f"Recommended: <b>{best.method}</b> — {best.reason}")
+        self._fill_drafts(advice)
+        if not self.select(current):
+            self.select(best.method if best else "ar")
+        self.combo.blockSignals(False)
+        self._on_method(self.combo.currentIndex())
+
+    def _fill_drafts(self, advice: MethodAdvice) -> None:
+        self.draft_items.clear()
+        for path in advice.compatible_drafts:
+            item = QStandardItem(Path(path).name)
+            item.setData(str(path), Qt.ItemDataRole.UserRole)
+            self.draft_items.appendRow(item)
+        for name, why in advice.rejected_drafts:
+            item = QStandardItem(f"{name} (not usable)")
+            item.setEnabled(False)
+            item.setToolTip(why)
+            self.draft_items.appendRow(item)
+        self.load_draft.setEnabled(bool(advice.compatible_drafts))
+
+    def _show_details(self, name: str) -> None:
+        spec = REGISTRY[name]
+        row = self.combo.currentIndex()
+        item = self.items.item(row) if row >= 0 else None
+        self.reason.setText(item.toolTip() if item is not None and item.toolTip() else spec.summary)
+        fit = self.advice.fits.get(name) if self.advice else None
+        if fit is not None:
+            terms = "<br>".join(f"{t.bytes / MiB:,.1f} MiB · {t.name} ({t.device})" for t in fit.terms)
+            self.memory.setText(f"<b>{fit.label}</b>, {fit.total_bytes / MiB:,.0f} MiB at {fit.n_ctx} tokens<br>{terms}")
+
+    def disabled_reason(self, name: str) -> str | None:
+        """Why a method is greyed out (None when it can be chosen)."""
+        for row in range(self.items.rowCount()):
+            item = self.items.item(row)
+            if item.data(_NAME) == name:
+                return None if item.isEnabled() else item.toolTip()
+        return None
+
+
+_NAME = Qt.ItemDataRole.UserRole + 1
+
+
+def _method_item(name: str, label: str, why_not: str | None, about: str = "") -> QStandardItem:
+    item = QStandardItem(label)
+    item.setData(name, _NAME)
+    item.setEnabled(why_not is None)
+    item.setToolTip(why_not or about)
+    return item
+
+
+def _why_disabled(name: str, missing: frozenset[str], rec: Recommendation | None) -> str | None:
+    """Why the loaded session cannot run a method now, in words; None when it can."""
+    if rec is not None and not rec.fits:
+        return f"{name} does not fit on this machine: {rec.fit_label}"
+    if not missing:
+        return None
+    if rec is not None and rec.available and rec.draft_model:
+        return f"needs {describe(missing)}: load {rec.draft_model} from the list below"
+    return rec.reason if rec is not None else f"needs {describe(missing)}"
+
+
+class HardwarePanel(QGroupBox):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Hardware", parent)
+        layout = QVBoxLayout(self)
+        self.text = QLabel("Detecting CPU, RAM, GPUs and the llama.cpp build ...")
+        self.text.setObjectName("hardware_report")
+        self.text.setWordWrap(True)
+        self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.text.setStyleSheet("font-family: monospace")
+        layout.addWidget(self.text)
+        layout.addStretch(1)
+
+    def show_report(self, report: HardwareReport) -> None:
+        self.text.setText(format_report(report))
+
+
+def _spin(lo: int, hi: int, value: int) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(lo, hi)
+    box.setValue(value)
+    return box
+
+
+def _dspin(lo: float, hi: float, value: float, step: float) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setRange(lo, hi)
+    box.setDecimals(3)
+    box.setSingleStep(step)
+    box.setValue(value)
+    return box

@@ -1,0 +1,89 @@
+"""Conversations, kept in SQLite in the user data directory so they survive restarts.
+
+A conversation is an ordered list of messages; an assistant message also keeps the stats footer
+of its answer (JSON) so a reloaded conversation shows how each answer was produced.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.models.paths import data_dir
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY, title TEXT NOT NULL, system TEXT NOT NULL DEFAULT '', updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY, conversation INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    position INTEGER NOT NULL, role TEXT NOT NULL, content TEXT NOT NULL, stats TEXT
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, position);
+"""
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    role: str
+    content: str
+    stats: dict | None = None
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    id: int
+    title: str
+    updated: float
+
+
+class ConversationStore:
+    """Used from the GUI thread only; every write is one short transaction."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or data_dir() / "conversations.sqlite3"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path)
+        self._db.execute("PRAGMA foreign_keys = ON")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def create(self, title: str = "New chat", system: str = "") -> int:
+        with self._db:
+            cur = self._db.execute("INSERT INTO conversations (title, system, updated) VALUES (?, ?, ?)",
+                                   (title, system, time.time()))
+        return int(cur.lastrowid)
+
+    def list(self) -> list[ConversationSummary]:
+        rows = self._db.execute("SELECT id, title, updated FROM conversations ORDER BY updated DESC, id DESC")
+        return [ConversationSummary(int(i), t, float(u)) for i, t, u in rows]
+
+    def messages(self, conversation: int) -> list[StoredMessage]:
+        rows = self._db.execute("SELECT role, content, stats FROM messages WHERE conversation = ? ORDER BY position",
+                                (conversation,))
+        return [StoredMessage(r, c, json.loads(s) if s else None) for r, c, s in rows]
+
+    def system(self, conversation: int) -> str:
+        row = self._db.execute("SELECT system FROM conversations WHERE id = ?", (conversation,)).fetchone()
+        return row[0] if row else ""
+
+    def replace_messages(self, conversation: int, messages: list[StoredMessage], *, system: str | None = None) -> None:
+        """Write the whole conversation (edits and regenerations rewrite its tail)."""
+        title = next((m.content.strip().splitlines()[0][:60] for m in messages if m.role == "user" and m.content.strip()), None)
+        with self._db:
+            self._db.execute("DELETE FROM messages WHERE conversation = ?", (conversation,))
+            self._db.executemany(
+                "INSERT INTO messages (conversation, position, role, content, stats) VALUES (?, ?, ?, ?, ?)",
+                [(conversation, i, m.role, m.content, json.dumps(m.stats) if m.stats else None) for i, m in enumerate(messages)],
+            )
+            self._db.execute("UPDATE conversations SET updated = ?, title = COALESCE(?, title), system = COALESCE(?, system) "
+                             "WHERE id = ?", (time.time(), title, system, conversation))
+
+    def delete(self, conversation: int) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation,))

@@ -1,0 +1,263 @@
+"""The inference worker: one object in its own QThread, the only code that touches llama.cpp.
+
+The GUI sends it requests through queued signals and it answers with signals carrying immutable
+records, so no model object is ever shared between threads. Stopping never goes through the
+event queue (the worker is busy generating, so a queued "stop" would wait behind the answer):
+every request carries its own ``threading.Event``, which the GUI sets and the engine loop checks
+before each step, so an answer stops within one step and a model load within one progress tick.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from backends.bench import TurnRun, decode_rate, divergence
+from backends.core.errors import Cancelled, SpecDeckError
+from backends.core.types import Event, Finished, GenerationSettings, Step
+from backends.factory import Session, SessionConfig
+from backends.hardware.observed import ObservedStore
+from backends.hardware.telemetry import Sampler, energy_joules
+from backends.models.chat import Message
+
+
+# -- requests (GUI -> worker) --------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoadRequest:
+    config: SessionConfig
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class AnswerRequest:
+    request_id: int
+    messages: tuple[Message, ...]
+    method: str
+    generation: GenerationSettings
+    method_settings: dict = field(default_factory=dict)
+    template: str | None = None  # a Jinja chat template overriding the GGUF's
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    request_id: int
+    prompt: str
+    methods: tuple[str, ...]
+    generation: GenerationSettings
+    method_settings: dict = field(default_factory=dict)  # method -> {setting: value}
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+# -- reports (worker -> GUI) ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelReady:
+    model: str  # what the user asked for: a catalog id or a path
+    name: str
+    path: str
+    n_ctx: int
+    draft_model: str | None
+    offers: frozenset[str]
+    has_template: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class AnswerEvent:
+    request_id: int
+    event: Event
+    draft_text: str = ""  # for a Step: the text of its tokens that came from accepted drafts
+
+
+@dataclass(frozen=True)
+class CompareEvent:
+    request_id: int
+    method: str
+    event: Event
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    method: str
+    decode_tok_s: float
+    speedup: float
+    tau: float
+    acceptance_rate: float
+    new_tokens: int
+    joules_per_token: float | None
+    identical: bool
+    divergence_margin: float | None  # top-1 minus top-2 logit where the output left plain decoding's
+    text: str
+
+
+@dataclass(frozen=True)
+class CompareDone:
+    request_id: int
+    prompt: str
+    rows: tuple[CompareRow, ...]
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class Failure:
+    request_id: int | None
+    title: str
+    message: str
+
+
+class Worker(QObject):
+    """Owns the Session. Slots run on the worker thread; signals are delivered to the GUI thread."""
+
+    loading = Signal(str)
+    progress = Signal(float)
+    ready = Signal(object)  # ModelReady
+    unloaded = Signal()
+    answer_event = Signal(object)  # AnswerEvent
+    compare_event = Signal(object)  # CompareEvent
+    compare_done = Signal(object)  # CompareDone
+    failed = Signal(object)  # Failure
+    busy = Signal(bool)
+
+    def __init__(self, sampler: Sampler | None = None) -> None:
+        super().__init__()
+        self.session: Session | None = None
+        self.sampler = sampler
+        self.store = ObservedStore()
+
+    # -- loading -------------------------------------------------------------------------------
+    @Slot(object)
+    def load(self, request: LoadRequest) -> None:
+        self.busy.emit(True)
+        self._close_session()
+        self.loading.emit(str(request.config.model))
+        start = time.perf_counter()
+
+        def on_progress(fraction: float) -> bool:
+            self.progress.emit(fraction)
+            return not request.cancel.is_set()
+
+        try:
+            session = Session(request.config, progress=on_progress)
+        except Cancelled as exc:
+            self.failed.emit(Failure(None, "Loading cancelled", str(exc)))
+            self.unloaded.emit()
+        except (SpecDeckError, OSError, ValueError) as exc:
+            self.failed.emit(Failure(None, "The model could not be loaded", str(exc)))
+            self.unloaded.emit()
+        except Exception as exc:  # noqa: BLE001 - the window must survive anything a load does
+            self.failed.emit(Failure(None, "The model could not be loaded", _unexpected(exc)))
+            self.unloaded.emit()
+        else:
+            self.session = session
+            self.ready.emit(ModelReady(
+                model=str(request.config.model), name=session.model.name, path=str(session.model.path),
+                n_ctx=session.target.n_ctx, draft_model=request.config.draft_model, offers=session.offers,
+                has_template=session.model.chat_format.template is not None, seconds=time.perf_counter() - start,
+            ))
+        finally:
+            self.busy.emit(False)
+
+    # -- answering -----------------------------------------------------------------------------
+    @Slot(object)
+    def answer(self, request: AnswerRequest) -> None:
+        if self.session is None:
+            self.failed.emit(Failure(request.request_id, "No model loaded", "Load a model first."))
+            return
+        self.busy.emit(True)
+        try:
+            session = self.session
+            default = session.model.chat_format
+            fmt = replace(default, template=request.template) if request.template else default
+            prompt = session.model.chat_prompt(list(request.messages), chat_format=fmt)
+            generation = replace(request.generation, stop=tuple(dict.fromkeys(request.generation.stop + fmt.stop)))
+            for event in session.generate(request.method, prompt, generation, cancel=request.cancel,
+                                          method_settings=request.method_settings):
+                self.answer_event.emit(AnswerEvent(request.request_id, event, _draft_text(session, event)))
+                if isinstance(event, Finished) and event.reason != "cancelled":
+                    self.store.record_run(session.model.path, "chat", event.stats)
+        except (SpecDeckError, ValueError) as exc:
+            self.failed.emit(Failure(request.request_id, "The answer failed", str(exc)))
+        except Exception as exc:  # noqa: BLE001
+            self.failed.emit(Failure(request.request_id, "The answer failed", _unexpected(exc)))
+        finally:
+            self.busy.emit(False)
+
+    # -- comparing -----------------------------------------------------------------------------
+    @Slot(object)
+    def compare(self, request: CompareRequest) -> None:
+        """The same prompt through each method on the same loaded target, plain decoding first."""
+        if self.session is None:
+            self.failed.emit(Failure(request.request_id, "No model loaded", "Load a model first."))
+            return
+        self.busy.emit(True)
+        try:
+            self.compare_done.emit(self._compare(request))
+        except (SpecDeckError, ValueError) as exc:
+            self.failed.emit(Failure(request.request_id, "The comparison failed", str(exc)))
+        except Exception as exc:  # noqa: BLE001
+            self.failed.emit(Failure(request.request_id, "The comparison failed", _unexpected(exc)))
+        finally:
+            self.busy.emit(False)
+
+    def _compare(self, request: CompareRequest) -> CompareDone:
+        session = self.session
+        assert session is not None
+        prompt = session.model.chat_prompt([{"role": "user", "content": request.prompt}])
+        generation = replace(request.generation, stop=request.generation.stop + session.model.chat_format.stop)
+        methods = ["ar"] + [m for m in request.methods if m != "ar"]
+        runs: dict[str, TurnRun] = {}
+        for method in methods:
+            if request.cancel.is_set():
+                break
+            session.reset()  # every method starts from an empty cache
+            t0, finished = time.monotonic(), None
+            for event in session.generate(method, prompt, generation, cancel=request.cancel,
+                                          method_settings=request.method_settings.get(method, {})):
+                self.compare_event.emit(CompareEvent(request.request_id, method, event))
+                finished = event if isinstance(event, Finished) else finished
+            assert finished is not None
+            runs[method] = TurnRun(prompt, list(finished.tokens), finished.text, finished.stats, 0.0, t0, time.monotonic())
+        cancelled = request.cancel.is_set()
+        rows = tuple(self._row(session, m, runs, generation) for m in runs) if not cancelled else ()
+        return CompareDone(request.request_id, request.prompt, rows, cancelled)
+
+    def _row(self, session: Session, method: str, runs: dict[str, TurnRun], generation: GenerationSettings) -> CompareRow:
+        run, ar = runs[method], runs["ar"]
+        div = None if method == "ar" else divergence(session, [run], [ar], generation.sampling)
+        rate, ar_rate = decode_rate([run]), decode_rate([ar])
+        energy = energy_joules(self.sampler.history(), run.t0, run.t1) if self.sampler is not None else None
+        return CompareRow(
+            method=method, decode_tok_s=rate, speedup=rate / ar_rate if ar_rate > 0 else float("nan"),
+            tau=run.stats.tau, acceptance_rate=run.stats.acceptance_rate, new_tokens=run.stats.new_tokens,
+            joules_per_token=energy / run.stats.new_tokens if energy is not None and run.stats.new_tokens else None,
+            identical=div is None, divergence_margin=None if div is None else div["margin"], text=run.text,
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @Slot()
+    def shutdown(self) -> None:
+        self._close_session()
+
+    def _close_session(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+def _draft_text(session: Session, event: Event) -> str:
+    if not isinstance(event, Step) or not event.accepted:
+        return ""
+    pieces = b"".join(session.model.token_piece(t) for t in event.tokens[: event.accepted])
+    return pieces.decode("utf-8", errors="replace")
+
+
+def _unexpected(exc: BaseException) -> str:
+    """An error SpecDeck did not foresee: its type and message, plus where, for a bug report."""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    place = f" (at {Path(where.filename).name}:{where.lineno})" if where else ""
+    return f"{type(exc).__name__}: {exc}{place}"

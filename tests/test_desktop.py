@@ -1,0 +1,207 @@
+"""The desktop window with real widgets (offscreen), the real worker thread and the bundled model."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from PySide6.QtCore import QSettings, Qt  # noqa: E402
+
+from backends.core.types import Finished, Step  # noqa: E402
+from backends.hardware.telemetry import Rapl, Sampler  # noqa: E402
+from backends.models.catalog import resolve_model  # noqa: E402
+from desktop.main_window import MainWindow  # noqa: E402
+from desktop.store import ConversationStore  # noqa: E402
+
+BUNDLED = "smollm2-135m-q4_1"
+LOAD_TIMEOUT = 120_000
+ANSWER_TIMEOUT = 120_000
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh user: data directory (conversations, comparisons) and settings file of its own."""
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path
+
+
+def open_window(qtbot, home: Path, *, autoload: str | None = BUNDLED) -> MainWindow:
+    sampler = Sampler(interval=0.1, rapl=Rapl("/nonexistent")).start()
+    settings = QSettings(str(home / "settings.ini"), QSettings.Format.IniFormat)
+    window = MainWindow(sampler=sampler, store=ConversationStore(home / "conversations.sqlite3"), settings=settings,
+                        autoload=autoload)
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitExposed(window)
+    if autoload:
+        qtbot.waitUntil(lambda: window.model is not None, timeout=LOAD_TIMEOUT)
+    return window
+
+
+def close_window(window: MainWindow) -> None:
+    sampler = window.sampler
+    window.close()
+    if sampler is not None:
+        sampler.stop()
+
+
+@pytest.fixture
+def window(qtbot, home):
+    w = open_window(qtbot, home)
+    yield w
+    close_window(w)
+
+
+class Recorder:
+    """Counts what the worker streams to the window."""
+
+    def __init__(self, window: MainWindow) -> None:
+        self.steps = 0
+        self.finished: Finished | None = None
+        window.worker.answer_event.connect(self.on_event)
+
+    def on_event(self, ev) -> None:
+        if isinstance(ev.event, Step):
+            self.steps += 1
+        elif isinstance(ev.event, Finished):
+            self.finished = ev.event
+
+
+def send(qtbot, window: MainWindow, text: str) -> None:
+    window.chat.input.setPlainText(text)
+    qtbot.keyClick(window.chat.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+
+
+def test_window_opens_with_the_bundled_model_ready(window):
+    assert window.windowTitle().startswith("SpecDeck") and "Smollm2" in window.windowTitle()
+    assert "ready" in window.status_label.text()
+    assert window.chat.input.hasFocus() or window.focusWidget() is window.chat.input
+    assert window.error_text() == ""
+
+
+def test_send_streams_tokens_fills_the_footer_and_the_charts(qtbot, window):
+    window.sampling.max_tokens.setValue(48)
+    rec = Recorder(window)
+    send(qtbot, window, "Name three colors.")
+    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+    assert rec.steps > 1  # streamed step by step, not in one piece
+    text = window.chat.transcript_text()
+    assert "Name three colors." in text and window.chat.messages[-1].content == rec.finished.text
+    assert "decode" in text and "tok/s" in text and "tau" in text and "TTFT" in text  # the stats footer
+    qtbot.waitUntil(lambda: window.charts.points("tok_s") > 0 and window.charts.points("cpu_pct") > 0, timeout=5000)
+    assert window.charts.points("tau") == rec.steps
+    assert window.charts.messages["gpu"] == "no NVIDIA GPU detected"
+
+
+def test_stop_mid_answer_and_the_next_message_works(qtbot, window):
+    window.sampling.max_tokens.setValue(3000)
+    rec = Recorder(window)
+    send(qtbot, window, "Count from 1 to 1000, one number per line.")
+    qtbot.waitUntil(lambda: rec.steps >= 5, timeout=ANSWER_TIMEOUT)
+    qtbot.keyClick(window, Qt.Key.Key_Escape)
+    qtbot.waitUntil(lambda: rec.finished is not None, timeout=10_000)
+    assert rec.finished.reason == "cancelled" and rec.finished.stats.new_tokens < 3000
+    assert "stopped: cancelled" in window.chat.transcript_text()
+    assert not window.chat.streaming and window.chat.send_button.isEnabled()
+    window.sampling.max_tokens.setValue(16)
+    again = Recorder(window)
+    send(qtbot, window, "Say hello.")
+    qtbot.waitUntil(lambda: again.finished is not None, timeout=ANSWER_TIMEOUT)
+    assert again.finished.reason in ("eos", "length", "stop")
+
+
+def test_regenerate_and_edit_last_message(qtbot, window):
+    window.sampling.max_tokens.setValue(12)
+    rec = Recorder(window)
+    send(qtbot, window, "Name a fruit.")
+    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+    rec.finished = None
+    window.chat.regenerate_button.click()
+    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+    assert [m.role for m in window.chat.messages] == ["user", "assistant"]
+    window.chat.edit_button.click()
+    assert window.chat.input.toPlainText() == "Name a fruit." and window.chat.messages == []
+
+
+def test_method_chooser_labels_fit_and_greys_out_what_cannot_run(qtbot, window):
+    qtbot.waitUntil(lambda: window.methods.advice is not None, timeout=60_000)
+    labels = [window.methods.items.item(i).text() for i in range(window.methods.items.rowCount())]
+    assert any(label.startswith("pld") and "runs on CPU" in label for label in labels)
+    why = window.methods.disabled_reason("draft")
+    assert why is not None and "draft model" in why  # no smaller model with SmolLM2's vocabulary is loaded
+    assert window.methods.recommended.text().startswith("Recommended:")
+    assert window.methods.disabled_reason("pld") is None and window.methods.select("pld")
+    assert "MiB" in window.methods.memory.text()  # the memory terms of the chosen method
+    assert not window.compare.checks["draft"].isEnabled()
+
+
+def test_comparison_runs_ar_and_pld_and_marks_identical_output(qtbot, window):
+    window.sampling.max_tokens.setValue(32)
+    window.tabs.setCurrentWidget(window.compare)
+    window.compare.prompt.setPlainText("Repeat this list exactly: apples, pears, plums, cherries, grapes, melons.")
+    for name, box in window.compare.checks.items():
+        box.setChecked(name in ("ar", "pld"))
+    window.compare.run_button.click()
+    qtbot.waitUntil(lambda: not window.compare.running, timeout=ANSWER_TIMEOUT)
+    table = window.compare.table
+    rows = {table.item(r, 0).text(): [table.item(r, c).text() for c in range(table.columnCount())] for r in range(table.rowCount())}
+    assert set(rows) == {"ar", "pld"}
+    assert rows["ar"][2] == "1.00x"
+    assert rows["pld"][6] == "yes" or "near-tie" in rows["pld"][6]
+    assert window.compare.panes["pld"].toPlainText().strip()
+    assert window.compare.history.count() == 1  # kept, reloadable
+    window.compare.history.itemClicked.emit(window.compare.history.item(0))
+    assert window.compare.table.rowCount() == 2
+
+
+def test_corrupt_model_shows_an_error_and_the_app_keeps_working(qtbot, window, home):
+    broken = home / "broken.gguf"
+    with open(resolve_model(BUNDLED), "rb") as src:
+        broken.write_bytes(src.read(4 << 20))  # a real header, the weights cut off
+    window.load_model(str(broken))
+    qtbot.waitUntil(lambda: bool(window.error_text()), timeout=LOAD_TIMEOUT)
+    error = window.error_text()
+    assert "could not be loaded" in error and ("corrupt" in error or "truncated" in error)
+    assert window.model is None and window.windowTitle() == "SpecDeck"
+    rec = Recorder(window)
+    send(qtbot, window, "Hello?")
+    qtbot.waitUntil(lambda: "Load a model first" in window.chat.transcript_text(), timeout=5000)
+    window.load_model(BUNDLED)
+    qtbot.waitUntil(lambda: window.model is not None, timeout=LOAD_TIMEOUT)
+    window.sampling.max_tokens.setValue(8)
+    send(qtbot, window, "Hello again.")
+    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+
+
+def test_conversation_and_settings_survive_a_restart(qtbot, home):
+    first = open_window(qtbot, home)
+    first.sampling.max_tokens.setValue(8)
+    first.sampling.temperature.setValue(0.7)
+    rec = Recorder(first)
+    send(qtbot, first, "Remember the word pineapple.")
+    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+    close_window(first)
+    second = open_window(qtbot, home)
+    try:
+        assert "Remember the word pineapple." in second.chat.transcript_text()
+        assert [m.content for m in second.chat.messages] == ["Remember the word pineapple.", rec.finished.text]
+        assert second.sampling.temperature.value() == pytest.approx(0.7)
+        assert second.chat.list.count() >= 1
+    finally:
+        close_window(second)
+
+
+def test_loading_can_be_cancelled(qtbot, home):
+    window = open_window(qtbot, home, autoload=None)
+    try:
+        window.load_model("smollm2-135m-f16")
+        window.stop()  # cancelled before or during the load: either way nothing half-loaded stays
+        qtbot.waitUntil(lambda: not window.busy and window._load is None, timeout=LOAD_TIMEOUT)
+        assert window.model is None or window.model.model == "smollm2-135m-f16"
+    finally:
+        close_window(window)
