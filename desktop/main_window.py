@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from PySide6.QtCore import QMetaObject, QSettings, Qt, QThread, Signal
+from PySide6.QtCore import QMetaObject, QSettings, Qt, QThread, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -36,6 +36,7 @@ from backends.hardware.shape import load_shape
 from backends.hardware.telemetry import Sampler
 from backends.hardware.types import HardwareReport
 from backends.llamacpp.target import LlamaTarget
+from backends.models.llama_lib import llama
 from backends.models.catalog import CATALOG, DEFAULT_MODEL, is_present, resolve_model
 from desktop.charts import LiveCharts
 from desktop.chat import ChatPanel
@@ -90,6 +91,10 @@ class MainWindow(QMainWindow):
 
     # -- construction ------------------------------------------------------------------------
     def _start_worker(self) -> None:
+        # Load llama.cpp and install its log callback here, on the GUI thread, before the worker
+        # exists: initialising it lazily on the worker thread while the GUI thread ran Python
+        # crashed the process now and then (a ctypes callback set up mid-flight).
+        llama()
         self.thread = QThread(self)
         self.thread.setObjectName("specdeck-inference")
         self.worker = Worker(self.sampler)
@@ -99,7 +104,6 @@ class MainWindow(QMainWindow):
         self.compare_request.connect(self.worker.compare)
         w = self.worker
         w.loading.connect(self._on_loading)
-        w.progress.connect(self._on_progress)
         w.ready.connect(self._on_ready)
         w.unloaded.connect(self._on_unloaded)
         w.answer_event.connect(self._on_answer_event)
@@ -169,6 +173,9 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.cancel_load)
         self.progress.hide()
         self.cancel_load.hide()
+        self.progress_timer = QTimer(self)
+        self.progress_timer.setInterval(100)
+        self.progress_timer.timeout.connect(self._on_progress)
 
     def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
         dock = QDockWidget(title, self)
@@ -223,15 +230,18 @@ class MainWindow(QMainWindow):
         self.progress.setValue(0)
         self.progress.show()
         self.cancel_load.show()
+        self.progress_timer.start()
         self._set_title(None)
 
-    def _on_progress(self, fraction: float) -> None:
+    def _on_progress(self) -> None:
+        fraction = self.worker.load_fraction
         if 0.0 <= fraction <= 1.0:
             self.progress.setValue(round(fraction * 100))
 
     def _on_ready(self, ready: ModelReady) -> None:
         self.model = ready
         self._load = None
+        self.progress_timer.stop()
         self.progress.hide()
         self.cancel_load.hide()
         draft = f" + draft {ready.draft_model}" if ready.draft_model else ""
@@ -242,6 +252,7 @@ class MainWindow(QMainWindow):
 
     def _on_unloaded(self) -> None:
         self._load = None
+        self.progress_timer.stop()
         self.progress.hide()
         self.cancel_load.hide()
         self.status_label.setText("No model loaded")

@@ -114,7 +114,6 @@ class Worker(QObject):
     """Owns the Session. Slots run on the worker thread; signals are delivered to the GUI thread."""
 
     loading = Signal(str)
-    progress = Signal(float)
     ready = Signal(object)  # ModelReady
     unloaded = Signal()
     answer_event = Signal(object)  # AnswerEvent
@@ -128,6 +127,9 @@ class Worker(QObject):
         self.session: Session | None = None
         self.sampler = sampler
         self.store = ObservedStore()
+        # How far the current load is (0..1). llama.cpp reports it from inside its loader through a
+        # ctypes callback; emitting a Qt signal from there crashed PySide, so the GUI polls this.
+        self.load_fraction = 0.0
 
     # -- loading -------------------------------------------------------------------------------
     @Slot(object)
@@ -137,8 +139,10 @@ class Worker(QObject):
         self.loading.emit(str(request.config.model))
         start = time.perf_counter()
 
+        self.load_fraction = 0.0
+
         def on_progress(fraction: float) -> bool:
-            self.progress.emit(fraction)
+            self.load_fraction = fraction
             return not request.cancel.is_set()
 
         try:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SpecDeck from a source checkout: create or reuse .venv, install what is needed, then
-#   bash packaging/dev.sh run  [specdeck chat options]   chat with the bundled model
+#   bash packaging/dev.sh run  [specdeck-gui options]    the desktop window, bundled model loaded
 #   bash packaging/dev.sh test [pytest options]          run the test suite
 #   bash packaging/dev.sh specdeck ARGS...               any other specdeck command
 # Needs only python3 >= 3.11 on Debian/Ubuntu; missing system packages (python3-venv, a C++
@@ -50,12 +50,29 @@ install() {
     echo "$want" > "$stamp"
 }
 
+# Qt's X11 plugin needs a few xcb libraries that minimal desktops may lack (FACTS: Debian 12).
+check_gui_libs() {
+    [ "$(uname -s)" = "Linux" ] || return 0
+    local missing=() lib pkg
+    for pair in libxcb-cursor.so.0:libxcb-cursor0 libxcb-icccm.so.4:libxcb-icccm4 libxcb-keysyms.so.1:libxcb-keysyms1 \
+                libxkbcommon-x11.so.0:libxkbcommon-x11-0 libxcb-xinerama.so.0:libxcb-xinerama0; do
+        lib="${pair%%:*}"; pkg="${pair##*:}"
+        ldconfig -p 2>/dev/null | grep -q "$lib" || missing+=("$pkg")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+    if [ -z "${DISPLAY:-}${WAYLAND_DISPLAY:-}" ] && [ -z "${QT_QPA_PLATFORM:-}" ]; then
+        say "no display found: run this from a desktop session (or use: bash packaging/dev.sh specdeck chat)"
+        exit 1
+    fi
+}
+
 cmd="${1:-run}"
 shift || true
 case "$cmd" in
     run)
         install base
-        exec "$VENV/bin/specdeck" chat "$@"
+        check_gui_libs
+        exec "$VENV/bin/specdeck-gui" "$@"
         ;;
     test)
         install test

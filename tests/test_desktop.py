@@ -6,7 +6,6 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -58,12 +57,17 @@ def window(qtbot, home):
 
 
 class Recorder:
-    """Counts what the worker streams to the window."""
+    """Counts what the worker streams to the window (called on the worker thread as it is sent)."""
 
     def __init__(self, window: MainWindow) -> None:
+        self.window = window
         self.steps = 0
         self.finished: Finished | None = None
         window.worker.answer_event.connect(self.on_event)
+
+    def done(self) -> bool:
+        """The worker finished and the window has shown it (the chat is no longer streaming)."""
+        return self.finished is not None and not self.window.chat.streaming
 
     def on_event(self, ev) -> None:
         if isinstance(ev.event, Step):
@@ -88,7 +92,7 @@ def test_send_streams_tokens_fills_the_footer_and_the_charts(qtbot, window):
     window.sampling.max_tokens.setValue(48)
     rec = Recorder(window)
     send(qtbot, window, "Name three colors.")
-    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
     assert rec.steps > 1  # streamed step by step, not in one piece
     text = window.chat.transcript_text()
     assert "Name three colors." in text and window.chat.messages[-1].content == rec.finished.text
@@ -104,14 +108,14 @@ def test_stop_mid_answer_and_the_next_message_works(qtbot, window):
     send(qtbot, window, "Count from 1 to 1000, one number per line.")
     qtbot.waitUntil(lambda: rec.steps >= 5, timeout=ANSWER_TIMEOUT)
     qtbot.keyClick(window, Qt.Key.Key_Escape)
-    qtbot.waitUntil(lambda: rec.finished is not None, timeout=10_000)
+    qtbot.waitUntil(rec.done, timeout=10_000)
     assert rec.finished.reason == "cancelled" and rec.finished.stats.new_tokens < 3000
     assert "stopped: cancelled" in window.chat.transcript_text()
     assert not window.chat.streaming and window.chat.send_button.isEnabled()
     window.sampling.max_tokens.setValue(16)
     again = Recorder(window)
     send(qtbot, window, "Say hello.")
-    qtbot.waitUntil(lambda: again.finished is not None, timeout=ANSWER_TIMEOUT)
+    qtbot.waitUntil(again.done, timeout=ANSWER_TIMEOUT)
     assert again.finished.reason in ("eos", "length", "stop")
 
 
@@ -119,10 +123,10 @@ def test_regenerate_and_edit_last_message(qtbot, window):
     window.sampling.max_tokens.setValue(12)
     rec = Recorder(window)
     send(qtbot, window, "Name a fruit.")
-    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
     rec.finished = None
     window.chat.regenerate_button.click()
-    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
     assert [m.role for m in window.chat.messages] == ["user", "assistant"]
     window.chat.edit_button.click()
     assert window.chat.input.toPlainText() == "Name a fruit." and window.chat.messages == []
@@ -175,7 +179,7 @@ def test_corrupt_model_shows_an_error_and_the_app_keeps_working(qtbot, window, h
     qtbot.waitUntil(lambda: window.model is not None, timeout=LOAD_TIMEOUT)
     window.sampling.max_tokens.setValue(8)
     send(qtbot, window, "Hello again.")
-    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
 
 
 def test_conversation_and_settings_survive_a_restart(qtbot, home):
@@ -184,7 +188,7 @@ def test_conversation_and_settings_survive_a_restart(qtbot, home):
     first.sampling.temperature.setValue(0.7)
     rec = Recorder(first)
     send(qtbot, first, "Remember the word pineapple.")
-    qtbot.waitUntil(lambda: rec.finished is not None, timeout=ANSWER_TIMEOUT)
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
     close_window(first)
     second = open_window(qtbot, home)
     try:
