@@ -1,7 +1,8 @@
 """Short background jobs that do not touch llama.cpp (GGUF headers, hardware probes, estimates).
 
 They run on Qt's global thread pool so the GUI thread never waits on a disk read or a probe; the
-result comes back as a queued signal on the GUI thread. A job whose owner is gone is dropped.
+result comes back as a queued signal on the GUI thread. The relay carrying it is kept alive until
+the job ends, even if its owner (a window, a panel) is closed first: the result is then dropped.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+from shiboken6 import isValid
 
 
 class _Relay(QObject):
@@ -36,12 +38,12 @@ _live: set[_Relay] = set()
 def run_job(owner: QObject, fn: Callable[[], Any], on_done: Callable[[Any], None],
             on_error: Callable[[str], None] | None = None) -> None:
     """Run ``fn`` off the GUI thread; ``on_done(result)`` or ``on_error(message)`` runs on it."""
-    relay = _Relay(owner)  # parented: if the owner is destroyed, the relay and its callbacks go too
+    relay = _Relay()  # not parented to the owner: the pool thread may still emit after the owner is gone
     _live.add(relay)
 
     def finish(callback: Callable[[Any], None] | None, value: Any) -> None:
         _live.discard(relay)
-        if callback is not None:
+        if callback is not None and isValid(owner):
             callback(value)
         relay.deleteLater()
 

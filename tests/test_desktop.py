@@ -14,6 +14,7 @@ from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from backends.core.types import Finished, Step  # noqa: E402
 from backends.hardware.telemetry import Rapl, Sampler  # noqa: E402
 from backends.models.catalog import resolve_model  # noqa: E402
+from desktop.jobs import wait_for_jobs  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from desktop.store import ConversationStore  # noqa: E402
 
@@ -47,6 +48,7 @@ def close_window(window: MainWindow) -> None:
     window.close()
     if sampler is not None:
         sampler.stop()
+    wait_for_jobs()  # background estimates of this window end before the next test starts
 
 
 @pytest.fixture
