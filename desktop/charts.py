@@ -22,6 +22,12 @@ RATE_WINDOW_S = 1.0  # decode tokens/s is averaged over the last second of steps
 NO_GPU = "no NVIDIA GPU detected"
 
 
+def follow_palette(widget: QWidget) -> None:
+    """Plots in the system's light or dark colours instead of pyqtgraph's fixed black."""
+    palette = widget.palette()
+    pg.setConfigOptions(background=palette.base().color(), foreground=palette.text().color(), antialias=True)
+
+
 class LiveCharts(QWidget):
     def __init__(self, sampler: Sampler | None, *, has_gpu: bool, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -45,9 +51,10 @@ class LiveCharts(QWidget):
 
     def _build(self) -> None:
         v = self.view
+        text = self.palette().text().color()
         self.speed = v.addPlot(row=0, col=0, title="decode tokens/s")
         self.reference = pg.InfiniteLine(angle=0, pen=pg.mkPen((150, 150, 150), style=pg.QtCore.Qt.PenStyle.DashLine),
-                                         label="plain decoding", labelOpts={"position": 0.1})
+                                         label="plain decoding", labelOpts={"position": 0.1, "color": text})
         self.reference.setVisible(False)
         self.speed.addItem(self.reference)
         self.accept = v.addPlot(row=0, col=1, title="acceptance rate and tau per step")
@@ -70,9 +77,9 @@ class LiveCharts(QWidget):
             for plot in (self.gpu, self.vram):
                 plot.hideAxis("left")
                 plot.hideAxis("bottom")
-                text = pg.TextItem(NO_GPU, anchor=(0.5, 0.5))
-                plot.addItem(text)
-                text.setPos(0.5, 0.5)
+                label = pg.TextItem(NO_GPU, anchor=(0.5, 0.5), color=text)
+                plot.addItem(label)
+                label.setPos(0.5, 0.5)
                 plot.setXRange(0, 1)
                 plot.setYRange(0, 1)
                 plot.setMouseEnabled(False, False)

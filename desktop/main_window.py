@@ -38,7 +38,7 @@ from backends.hardware.types import HardwareReport
 from backends.llamacpp.target import LlamaTarget
 from backends.models.llama_lib import llama
 from backends.models.catalog import CATALOG, DEFAULT_MODEL, is_present, resolve_model
-from desktop.charts import LiveCharts
+from desktop.charts import LiveCharts, follow_palette
 from desktop.chat import ChatPanel
 from desktop.compare import ComparePanel
 from desktop.jobs import run_job
@@ -79,6 +79,7 @@ class MainWindow(QMainWindow):
         self._load: LoadRequest | None = None
         self._ask_after_load: list | None = None
         self.setWindowTitle(TITLE)
+        follow_palette(self)
         self._start_worker()
         self._build(store)
         self._restore()
@@ -110,6 +111,7 @@ class MainWindow(QMainWindow):
         w.compare_event.connect(self._on_compare_event)
         w.compare_done.connect(self._on_compare_done)
         w.failed.connect(self._on_failure)
+        w.notice.connect(lambda text: self.statusBar().showMessage(f"Note: {text}", 15000))
         w.busy.connect(self._on_busy)
         self.thread.start()
 

@@ -120,6 +120,7 @@ class Worker(QObject):
     compare_event = Signal(object)  # CompareEvent
     compare_done = Signal(object)  # CompareDone
     failed = Signal(object)  # Failure
+    notice = Signal(str)  # something the user should know that is not an error
     busy = Signal(bool)
 
     def __init__(self, sampler: Sampler | None = None) -> None:
@@ -177,7 +178,7 @@ class Worker(QObject):
             session = self.session
             default = session.model.chat_format
             fmt = replace(default, template=request.template) if request.template else default
-            prompt = session.model.chat_prompt(list(request.messages), chat_format=fmt)
+            prompt = self._fitting_prompt(session, list(request.messages), fmt, request.generation.max_new_tokens)
             generation = replace(request.generation, stop=tuple(dict.fromkeys(request.generation.stop + fmt.stop)))
             for event in session.generate(request.method, prompt, generation, cancel=request.cancel,
                                           method_settings=request.method_settings):
@@ -190,6 +191,29 @@ class Worker(QObject):
             self.failed.emit(Failure(request.request_id, "The answer failed", _unexpected(exc)))
         finally:
             self.busy.emit(False)
+
+    def _fitting_prompt(self, session: Session, messages: list[Message], fmt, max_new_tokens: int) -> list[int]:
+        """The conversation's prompt, leaving out its oldest turns while it would crowd out the answer.
+
+        A long chat must keep working: like other chat apps, the earliest messages (never the
+        system prompt or the newest message) are dropped until the prompt leaves room for the
+        answer, and the user is told. A single message too long for the context still fails
+        with a clear error from the engine.
+        """
+        room = min(max_new_tokens, 256)
+        dropped = 0
+        prompt = session.model.chat_prompt(messages, chat_format=fmt)
+        while len(prompt) + room > session.target.n_ctx:
+            older = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
+            if not older:
+                break
+            del messages[older[0]]
+            dropped += 1
+            prompt = session.model.chat_prompt(messages, chat_format=fmt)
+        if dropped:
+            self.notice.emit(f"the {dropped} oldest message(s) no longer fit the {session.target.n_ctx}-token context "
+                             "and were left out of this answer")
+        return prompt
 
     # -- comparing -----------------------------------------------------------------------------
     @Slot(object)

@@ -121,6 +121,22 @@ def test_stop_mid_answer_and_the_next_message_works(qtbot, window):
     assert again.finished.reason in ("eos", "length", "stop")
 
 
+def test_a_chat_longer_than_the_context_drops_its_oldest_turns(qtbot, window):
+    window.load_model(BUNDLED, 512)
+    qtbot.waitUntil(lambda: window.model is not None and window.model.n_ctx == 512, timeout=LOAD_TIMEOUT)
+    window.sampling.max_tokens.setValue(8)
+    notices: list[str] = []
+    window.worker.notice.connect(notices.append)
+    long_text = "Here is a long note about gardening, watering, soil and light. " * 12
+    for i in range(4):
+        rec = Recorder(window)
+        send(qtbot, window, f"{i}: {long_text}")
+        qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
+        assert rec.finished.reason != "cancelled" and window.error_text() == ""
+    assert notices and "oldest message" in notices[-1]
+    assert len(window.chat.messages) == 8  # the window keeps the whole conversation; only the prompt is cut
+
+
 def test_regenerate_and_edit_last_message(qtbot, window):
     window.sampling.max_tokens.setValue(12)
     rec = Recorder(window)
