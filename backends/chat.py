@@ -34,6 +34,8 @@ def format_stats(stats: RunStats) -> str:
     parts = [stats.method or "?"]
     if stats.decode_tok_s == stats.decode_tok_s:  # not NaN
         parts.append(f"{stats.decode_tok_s:.1f} tok/s decode")
+    if stats.prompt_tok_s == stats.prompt_tok_s:
+        parts.append(f"prompt {stats.prompt_tok_s:.0f} tok/s")
     parts.append(f"acceptance {stats.acceptance_rate:.0%}" if stats.drafted else "acceptance n/a (nothing drafted)")
     parts.append(f"tau {stats.tau:.2f}")
     parts.append(f"TTFT {stats.ttft_s * 1000:.0f} ms")

@@ -8,7 +8,6 @@ while an answer streams, not once per token.
 from __future__ import annotations
 
 import html
-import math
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut, QTextCursor
@@ -25,26 +24,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backends.chat import format_stats
 from backends.core.types import Finished, Prefilled, RunStats, Step
 from desktop.store import ConversationStore, StoredMessage
 
 DRAFT_COLOUR = "rgba(80, 170, 90, 0.30)"
-
-
-def stats_footer(stats: RunStats | dict) -> str:
-    """method · TTFT · prompt tok/s · decode tok/s (TTFT excluded) · acceptance · tau · tokens."""
-    d = stats.to_dict() if isinstance(stats, RunStats) else stats
-
-    def num(key: str, fmt: str) -> str:
-        value = d.get(key)
-        return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
-
-    parts = [d.get("method") or "?", f"TTFT {num('ttft_s', '{:.3f}')} s", f"prompt {num('prompt_tok_s', '{:.0f}')} tok/s",
-             f"decode {num('decode_tok_s', '{:.1f}')} tok/s", f"acceptance {num('acceptance_rate', '{:.0%}')}",
-             f"tau {num('tau', '{:.2f}')}", f"{d.get('new_tokens', 0)} tokens"]
-    if d.get("finish_reason") not in (None, "eos", "stop"):
-        parts.append(f"stopped: {d['finish_reason']}")
-    return " · ".join(parts)
 
 
 class MessageBox(QPlainTextEdit):
@@ -287,7 +271,8 @@ class ChatPanel(QWidget):
                 cursor.insertHtml("<i>thinking ...</i>")
             if m.role == "assistant" and m.stats:
                 cursor.insertBlock()
-                cursor.insertHtml(f"<p><small style='color:gray'>[{html.escape(stats_footer(m.stats))}]</small></p>")
+                footer = format_stats(RunStats.from_dict(m.stats))
+                cursor.insertHtml(f"<p><small style='color:gray'>{html.escape(footer)}</small></p>")
             cursor.insertBlock()
         if error:
             cursor.insertHtml(f"<p style='color:#c0392b'><b>Error:</b> {html.escape(error)}</p>")

@@ -27,11 +27,11 @@ from PySide6.QtWidgets import (
 )
 
 from backends.core.types import Finished, Step
-from backends.drafters import DRAFT_MODEL, REGISTRY
+from backends.drafters import REGISTRY
 from backends.factory import SessionConfig
 from backends.hardware.detect import detect_hardware
-from backends.hardware.fit import CPU, Extra, MemoryTerm, RuntimeSettings, plan
-from backends.hardware.recommend import draft_candidates, recommend
+from backends.hardware.fit import RuntimeSettings, method_extra, plan
+from backends.hardware.recommend import recommend
 from backends.hardware.shape import load_shape
 from backends.hardware.telemetry import Sampler
 from backends.hardware.types import HardwareReport
@@ -383,11 +383,7 @@ def compute_advice(ready: ModelReady, hw: HardwareReport) -> MethodAdvice:
     recs = recommend(ready.path, hw, drafts=drafts, rt=rt, cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes),
                      target_offers=LlamaTarget.offers, costs=measured_costs)
     shape = load_shape(ready.path)
-    compatible, rejected = draft_candidates(shape, drafts)
-    draft_shape = load_shape(ready.draft_model) if ready.draft_model else (compatible[0] if compatible else None)
-    fits = {}
-    for name, spec in REGISTRY.items():
-        pool = MemoryTerm(f"{name} pool", spec.pool_bytes(rt.n_ctx), CPU)
-        draft = draft_shape if DRAFT_MODEL in spec.requires else None
-        fits[name] = plan(shape, hw, rt, Extra(draft=draft, terms=(pool,) if pool.bytes else ()))
-    return MethodAdvice(recs, fits, tuple(Path(s.path) for s in compatible), tuple(rejected))
+    compatible = recs.compatible_drafts
+    draft = load_shape(ready.draft_model) if ready.draft_model else (compatible[0] if compatible else None)
+    fits = {name: plan(shape, hw, rt, method_extra(spec, rt.n_ctx, draft=draft)) for name, spec in REGISTRY.items()}
+    return MethodAdvice(recs, fits, tuple(Path(s.path) for s in compatible), recs.rejected_drafts)

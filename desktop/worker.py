@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -170,25 +171,31 @@ class Worker(QObject):
     # -- answering -----------------------------------------------------------------------------
     @Slot(object)
     def answer(self, request: AnswerRequest) -> None:
+        self._run(request.request_id, "The answer failed", lambda session: self._answer(session, request))
+
+    def _answer(self, session: Session, request: AnswerRequest) -> None:
+        default = session.model.chat_format
+        fmt = replace(default, template=request.template) if request.template else default
+        prompt = self._fitting_prompt(session, list(request.messages), fmt, request.generation.max_new_tokens)
+        generation = replace(request.generation, stop=tuple(dict.fromkeys(request.generation.stop + fmt.stop)))
+        for event in session.generate(request.method, prompt, generation, cancel=request.cancel,
+                                      method_settings=request.method_settings):
+            self.answer_event.emit(AnswerEvent(request.request_id, event, _draft_text(session, event)))
+            if isinstance(event, Finished) and event.reason != "cancelled":
+                self.store.record_run(session.model.path, "chat", event.stats)
+
+    def _run(self, request_id: int, title: str, job: Callable[[Session], None]) -> None:
+        """Run one request on the loaded session; whatever fails becomes a Failure for the window."""
         if self.session is None:
-            self.failed.emit(Failure(request.request_id, "No model loaded", "Load a model first."))
+            self.failed.emit(Failure(request_id, "No model loaded", "Load a model first."))
             return
         self.busy.emit(True)
         try:
-            session = self.session
-            default = session.model.chat_format
-            fmt = replace(default, template=request.template) if request.template else default
-            prompt = self._fitting_prompt(session, list(request.messages), fmt, request.generation.max_new_tokens)
-            generation = replace(request.generation, stop=tuple(dict.fromkeys(request.generation.stop + fmt.stop)))
-            for event in session.generate(request.method, prompt, generation, cancel=request.cancel,
-                                          method_settings=request.method_settings):
-                self.answer_event.emit(AnswerEvent(request.request_id, event, _draft_text(session, event)))
-                if isinstance(event, Finished) and event.reason != "cancelled":
-                    self.store.record_run(session.model.path, "chat", event.stats)
+            job(self.session)
         except (SpecDeckError, ValueError) as exc:
-            self.failed.emit(Failure(request.request_id, "The answer failed", str(exc)))
-        except Exception as exc:  # noqa: BLE001
-            self.failed.emit(Failure(request.request_id, "The answer failed", _unexpected(exc)))
+            self.failed.emit(Failure(request_id, title, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - the window must survive anything a request does
+            self.failed.emit(Failure(request_id, title, _unexpected(exc)))
         finally:
             self.busy.emit(False)
 
@@ -219,22 +226,10 @@ class Worker(QObject):
     @Slot(object)
     def compare(self, request: CompareRequest) -> None:
         """The same prompt through each method on the same loaded target, plain decoding first."""
-        if self.session is None:
-            self.failed.emit(Failure(request.request_id, "No model loaded", "Load a model first."))
-            return
-        self.busy.emit(True)
-        try:
-            self.compare_done.emit(self._compare(request))
-        except (SpecDeckError, ValueError) as exc:
-            self.failed.emit(Failure(request.request_id, "The comparison failed", str(exc)))
-        except Exception as exc:  # noqa: BLE001
-            self.failed.emit(Failure(request.request_id, "The comparison failed", _unexpected(exc)))
-        finally:
-            self.busy.emit(False)
+        self._run(request.request_id, "The comparison failed",
+                  lambda session: self.compare_done.emit(self._compare(session, request)))
 
-    def _compare(self, request: CompareRequest) -> CompareDone:
-        session = self.session
-        assert session is not None
+    def _compare(self, session: Session, request: CompareRequest) -> CompareDone:
         prompt = session.model.chat_prompt([{"role": "user", "content": request.prompt}])
         generation = replace(request.generation, stop=request.generation.stop + session.model.chat_format.stop)
         methods = ["ar"] + [m for m in request.methods if m != "ar"]

@@ -239,6 +239,11 @@ class RunStats:
     def acceptance_by_position(self) -> tuple[float, ...]:
         return tuple(a / d if d else float("nan") for a, d in zip(self.accepted_at, self.drafted_at))
 
+    @classmethod
+    def from_dict(cls, d: dict) -> RunStats:
+        """The inverse of ``to_dict`` (derived rates are recomputed, JSON lists become tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__})
+
     def to_dict(self) -> dict:
         """A JSON-ready dict with the derived rates included."""
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -71,7 +71,7 @@ def cmd_hw(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     from backends.drafters import DRAFT_MODEL, method_spec
     from backends.hardware.detect import detect_hardware
-    from backends.hardware.fit import CPU, Extra, MemoryTerm, file_bytes, plan
+    from backends.hardware.fit import file_bytes, method_extra, plan
     from backends.hardware.shape import load_shape
 
     spec = method_spec(args.method)
@@ -81,11 +81,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise SpecDeckError(f"{args.method} needs --draft-model")
     rt = RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type)
     draft = load_shape(_model_path(args.draft_model)) if args.draft_model and DRAFT_MODEL in spec.requires else None
-    terms = [MemoryTerm(f"{spec.name} pool", spec.pool_bytes(rt.n_ctx), CPU)]
-    if args.datastore:
-        terms.append(MemoryTerm("REST datastore (memory-mapped)", file_bytes(args.datastore), CPU))
-    extra = Extra(draft=draft, heads_bytes=file_bytes(args.heads) if args.heads else 0,
-                  terms=tuple(t for t in terms if t.bytes))
+    extra = method_extra(spec, rt.n_ctx, draft=draft, heads_bytes=file_bytes(args.heads) if args.heads else 0,
+                         datastore_bytes=file_bytes(args.datastore) if args.datastore else 0)
     shape = load_shape(_model_path(args.model))
     report = plan(shape, detect_hardware(), rt, extra, gpu_layers=args.n_gpu_layers)
     data = report.to_json()

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from backends.core.errors import SpecDeckError
+from backends.drafters import DRAFT_MODEL, MethodSpec
 from backends.hardware.shape import ModelShape
 from backends.hardware.types import GpuInfo, HardwareReport
 
@@ -195,6 +196,15 @@ class Extra:
     draft: ModelShape | None = None
     heads_bytes: int = 0  # a Medusa/EAGLE/MTP heads file (safetensors): its size is its memory
     terms: tuple[MemoryTerm, ...] = field(default_factory=tuple)
+
+
+def method_extra(spec: MethodSpec, n_ctx: int, *, draft: ModelShape | None = None, heads_bytes: int = 0,
+                 datastore_bytes: int = 0) -> Extra:
+    """What a method adds to its target's memory: its own pool, and a draft only if it needs one."""
+    terms = (MemoryTerm(f"{spec.name} pool", spec.pool_bytes(n_ctx), CPU),
+             MemoryTerm("REST datastore (memory-mapped)", datastore_bytes, CPU))
+    return Extra(draft=draft if DRAFT_MODEL in spec.requires else None, heads_bytes=heads_bytes,
+                 terms=tuple(t for t in terms if t.bytes))
 
 
 def file_bytes(path: str | Path) -> int:

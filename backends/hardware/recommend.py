@@ -28,7 +28,7 @@ from pathlib import Path
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.drafters import DRAFT_MODEL, REGISTRY, TASKS, MethodSpec, describe
-from backends.hardware.fit import CPU, Extra, FitReport, MemoryTerm, RuntimeSettings, plan
+from backends.hardware.fit import FitReport, RuntimeSettings, method_extra, plan
 from backends.hardware.observed import ObservedStore
 from backends.hardware.shape import ModelShape, load_shape
 from backends.hardware.types import HardwareReport
@@ -63,6 +63,8 @@ class Recommendations:
     plain_basis: str
     ranked: tuple[Recommendation, ...]
     fit: FitReport = field(repr=False)
+    compatible_drafts: tuple[ModelShape, ...] = ()  # candidate drafts with the target's vocabulary
+    rejected_drafts: tuple[tuple[str, str], ...] = ()  # (file name, why not) for the others
 
     def to_json(self) -> list[dict]:
         return [asdict(r) | {"rejected_drafts": [{"model": m, "reason": why} for m, why in r.rejected_drafts]}
@@ -90,11 +92,11 @@ def recommend(model: str | Path, hw: HardwareReport, *, task: str = "chat", draf
     ctx = _Context(load_shape(model), hw, rt or RuntimeSettings(), task, store or ObservedStore(), cpu_bandwidth, costs)
     base_fit = plan(ctx.shape, hw, ctx.rt)
     plain, basis = _plain_rate(ctx, base_fit)
-    compatible, rejected = draft_candidates(ctx.shape, drafts)
+    compatible, rejected = _draft_candidates(ctx.shape, drafts)
     offers = target_offers | ({DRAFT_MODEL} if compatible else frozenset())
     recs = [_rate(ctx, spec, plain, compatible, rejected, offers) for spec in REGISTRY.values()]
     recs.sort(key=lambda r: (not (r.fits and r.available), -(r.predicted_tok_s or 0.0)))
-    return Recommendations(ctx.shape.name, task, plain, basis, tuple(recs), base_fit)
+    return Recommendations(ctx.shape.name, task, plain, basis, tuple(recs), base_fit, tuple(compatible), tuple(rejected))
 
 
 # -- plain decoding rate ---------------------------------------------------------------------
@@ -143,7 +145,7 @@ def _plain_rate(ctx: _Context, fit: FitReport) -> tuple[float, str]:
 
 
 # -- drafts ----------------------------------------------------------------------------------
-def draft_candidates(target: ModelShape, drafts: Sequence[str | Path]) -> tuple[list[ModelShape], list[tuple[str, str]]]:
+def _draft_candidates(target: ModelShape, drafts: Sequence[str | Path]) -> tuple[list[ModelShape], list[tuple[str, str]]]:
     """Draft files that share the target's vocabulary and are smaller; the reason for each other."""
     if target.format != "gguf":
         return [], [(str(d), "draft models are GGUF files; this target is a PyTorch model") for d in drafts]
@@ -172,16 +174,15 @@ def draft_candidates(target: ModelShape, drafts: Sequence[str | Path]) -> tuple[
 def _rate(ctx: _Context, spec: MethodSpec, plain: float, drafts: list[ModelShape],
           rejected: list[tuple[str, str]], offers: frozenset[str]) -> Recommendation:
     missing = spec.requires - offers
-    pool = MemoryTerm(f"{spec.name} pool", spec.pool_bytes(ctx.rt.n_ctx), CPU)
     if missing:
         why = f"needs {describe(missing)}"
         if DRAFT_MODEL in missing:
             why += "; none found" + (f" ({'; '.join(f'{m}: {r}' for m, r in rejected)})" if rejected else "")
-        fit = plan(ctx.shape, ctx.hw, ctx.rt, Extra(terms=(pool,)))
+        fit = plan(ctx.shape, ctx.hw, ctx.rt, method_extra(spec, ctx.rt.n_ctx))
         return Recommendation(spec.name, fit.fits, False, None, None, f"{spec.summary} - {why}", "prior", fit.label,
                               rejected_drafts=tuple(rejected))
-    options = [(d, plan(ctx.shape, ctx.hw, ctx.rt, Extra(draft=d, terms=(pool,)))) for d in drafts] \
-        if DRAFT_MODEL in spec.requires else [(None, plan(ctx.shape, ctx.hw, ctx.rt, Extra(terms=(pool,))))]
+    candidates: list[ModelShape | None] = list(drafts) if DRAFT_MODEL in spec.requires else [None]
+    options = [(d, plan(ctx.shape, ctx.hw, ctx.rt, method_extra(spec, ctx.rt.n_ctx, draft=d))) for d in candidates]
     scored = [(_speedup(ctx, spec, fit, d, plain), d, fit) for d, fit in options]
     (speedup, basis), draft, fit = max(scored, key=lambda s: (s[2].fits, s[0][0]))
     return Recommendation(
