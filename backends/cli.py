@@ -3,6 +3,7 @@
     specdeck chat                          # chat with the bundled model (prompt lookup on)
     specdeck chat --model smollm2-135m-f16 --method draft --draft-model smollm2-135m-q4_1
     specdeck models list
+    specdeck models search smollm2 && specdeck models download bartowski/SmolLM2-360M-Instruct-GGUF FILE.gguf
     specdeck bench --model smollm2-135m-f16 --methods ar,pld --per-category 2
     specdeck hw --json
     specdeck fit gemma3-270m-q4_k_m --ctx 8192
@@ -95,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     mderive = msub.add_parser("derive", help="make derived variants (all by default)")
     mderive.add_argument("ids", nargs="*")
     mderive.add_argument("--force", action="store_true", help="make them again even if current")
+    msearch = msub.add_parser("search", help="search the Hugging Face Hub (GGUF repositories by default)")
+    msearch.add_argument("query")
+    msearch.add_argument("--all", action="store_true", help="not only repositories with GGUF files")
+    msearch.add_argument("--limit", type=int, default=20)
+    mfiles = msub.add_parser("files", help="the files of a Hugging Face repository, with sizes")
+    mfiles.add_argument("repo")
+    mdown = msub.add_parser("download", help="download files from the Hub into the library (resumable)")
+    mdown.add_argument("repo")
+    mdown.add_argument("files", nargs="+", help="file paths in the repository (a split GGUF's first part is enough)")
+    mdown.add_argument("--out", type=Path, default=None, help="library folder (default: the app's)")
+    for hub_cmd in (msearch, mfiles, mdown):
+        hub_cmd.add_argument("--endpoint", default=None, help="another Hub address (default huggingface.co or HF_ENDPOINT)")
 
     bench = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench")
     _add_session_args(bench, default_model="smollm2-135m-f16")
@@ -132,6 +145,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         return 0
     if args.models_command == "info":
         return _models_info(resolve_model(args.id), as_json=args.json)
+    if args.models_command in ("search", "files", "download"):
+        return _models_hub(args)
     ids = args.ids or [m for m, e in CATALOG.items() if e.made_here]
     for model_id in ids:
         path = ensure(model_id, force=args.force, progress=lambda msg: print(msg, file=sys.stderr))
@@ -157,6 +172,37 @@ def _models_info(path: Path, *, as_json: bool) -> int:
           f"trained context {info.n_ctx_train}" + (f", sliding window {info.sliding_window}" if info.sliding_window else "") + "\n"
           f"  vocabulary {v.kind} {v.n_vocab} tokens, BOS {v.bos}, EOS {v.eos}, add BOS {v.add_bos}\n"
           f"  chat template: {'yes' if info.chat_template else 'none (plain transcript)'}")
+    return 0
+
+
+def _models_hub(args: argparse.Namespace) -> int:
+    from backends.models import hub
+    from backends.models.paths import library_dir
+
+    if args.models_command == "search":
+        for m in hub.search_models(args.query, gguf_only=not args.all, limit=args.limit, endpoint=args.endpoint):
+            print(f"{m.id:60} {m.downloads:>10,} downloads")
+        return 0
+    files = hub.list_files(args.repo, endpoint=args.endpoint)
+    if args.models_command == "files":
+        for f in files:
+            print(f"{f.size / 2**20:10,.1f} MiB  {f.path}" + ("  (pickle: refused)" if f.kind == "pickle" else ""))
+        return 0
+    root = args.out or library_dir()
+
+    def show(stage: str, done: int, total: int | None) -> None:
+        print(f"\r  {'checking' if stage == 'verify' else 'downloading'} {done / 2**20:,.1f}"
+              f" of {(total or 0) / 2**20:,.1f} MiB   ", end="", file=sys.stderr, flush=True)
+
+    for f in hub.expand_selection(files, args.files):
+        print(f"{args.repo}/{f.path}", file=sys.stderr)
+        try:
+            path = hub.download_file(args.repo, f.path, root, endpoint=args.endpoint, progress=show)
+        except KeyboardInterrupt:
+            print("\n  interrupted: the same command resumes the download", file=sys.stderr)
+            raise
+        print(file=sys.stderr)
+        print(path)
     return 0
 
 

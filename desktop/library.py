@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -29,7 +30,11 @@ from backends.hardware.shape import load_shape
 from backends.hardware.types import HardwareReport
 from backends.models.catalog import CATALOG, list_models
 from backends.models.gguf_info import read_gguf_info
+from backends.models.paths import library_dir
 from desktop.jobs import run_job
+
+if TYPE_CHECKING:
+    from desktop.hub import HubDialog
 
 _SPLIT_PART = re.compile(r"-(\d{5})-of-\d{5}$")
 COLUMNS = ("model", "architecture", "parameters", "quantization", "context", "size", "fit on this machine")
@@ -90,9 +95,11 @@ class ModelLibrary(QWidget):
     load_requested = Signal(str, int)  # model spec, n_ctx
     folders_changed = Signal(list)
 
-    def __init__(self, folders: list[str], parent: QWidget | None = None) -> None:
+    def __init__(self, folders: list[str], parent: QWidget | None = None, *, hub_endpoint: str | None = None) -> None:
         super().__init__(parent)
         self.folders = [f for f in folders if Path(f).is_dir()]
+        self.hub_endpoint = hub_endpoint  # None: huggingface.co (tests give a local server)
+        self.hub: HubDialog | None = None
         self.hardware: HardwareReport | None = None
         self.entries: list[LibraryEntry] = []
         self.table = QTableWidget(0, len(COLUMNS))
@@ -113,11 +120,15 @@ class ModelLibrary(QWidget):
         self.load_button.clicked.connect(lambda: self._load_row(self.table.currentRow()))
         self.add_button = QPushButton("Add folder ...")
         self.add_button.clicked.connect(self._add_folder)
+        self.hub_button = QPushButton("Hugging Face ...")
+        self.hub_button.setToolTip("Search the Hugging Face Hub and download models into the library")
+        self.hub_button.clicked.connect(self.open_hub)
         row = QHBoxLayout()
         row.addWidget(QLabel("Context"))
         row.addWidget(self.ctx)
         row.addStretch(1)
         row.addWidget(self.add_button)
+        row.addWidget(self.hub_button)
         row.addWidget(self.load_button)
         layout = QVBoxLayout(self)
         layout.addWidget(self.table, 1)
@@ -129,8 +140,11 @@ class ModelLibrary(QWidget):
         entries = [LibraryEntry(mid, mid + (" (bundled)" if i == 0 else ""), Path(present[mid]["path"]) if present[mid]["present"] else None)
                    for i, mid in enumerate(CATALOG)]
         known = {str(e.path) for e in entries if e.path}
-        for folder in self.folders:
-            entries += [e for e in scan_folder(Path(folder)) if e.spec not in known]
+        for folder in [library_dir(), *map(Path, self.folders)]:
+            if folder.is_dir():
+                found = [e for e in scan_folder(folder) if e.spec not in known]
+                known |= {e.spec for e in found}
+                entries += found
         self.entries = entries
         self.table.setRowCount(len(entries))
         for r, entry in enumerate(entries):
@@ -181,3 +195,18 @@ class ModelLibrary(QWidget):
             self.folders.append(folder)
             self.folders_changed.emit(self.folders)
         self.rescan()
+
+    def open_hub(self) -> HubDialog:
+        """One dialog for the app's lifetime: closing it hides it and a download goes on."""
+        if self.hub is None:
+            from desktop.hub import HubDialog  # huggingface_hub and httpx take 0.2 s to import
+
+            self.hub = HubDialog(self.hub_endpoint, parent=self)
+            self.hub.downloaded.connect(lambda _paths: self.rescan())
+        self.hub.show()
+        self.hub.raise_()
+        return self.hub
+
+    def shutdown(self) -> None:
+        if self.hub is not None:
+            self.hub.shutdown()

@@ -370,6 +370,7 @@ class MainWindow(QMainWindow):
         self.thread.quit()
         self.thread.wait(10_000)
         self.chat.store.close()
+        self.library.shutdown()  # a download stops at its next chunk; its partial file resumes next time
         super().closeEvent(event)
 
 

@@ -24,3 +24,8 @@ def data_dir() -> Path:
     """Files a user would miss if they vanished (conversations, datastores)."""
     override = os.environ.get("SPECDECK_DATA_DIR")
     return Path(override) if override else Path(user_data_dir(APP_NAME))
+
+
+def library_dir() -> Path:
+    """Where models downloaded from the Hugging Face Hub go; the model library always scans it."""
+    return data_dir() / "models"
