@@ -3,6 +3,10 @@
 Engine steps arrive as events on the GUI thread and telemetry samples are read from the sampler's
 history; both only append to buffers, and a timer redraws the plots four times a second, so a
 fast stream of steps never turns into a stream of repaints.
+
+The plots take their background, axes, titles and labels from the widget's palette and take them
+again whenever the palette changes, so they follow the system's light/dark switch while the app
+runs (pyqtgraph's config options only reach items created afterwards).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import time
 from collections import deque
 
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 
 from backends.core.types import Step
@@ -20,6 +24,7 @@ from backends.hardware.telemetry import Sampler
 WINDOW_S = 120.0  # seconds of history on screen
 RATE_WINDOW_S = 1.0  # decode tokens/s is averaged over the last second of steps
 NO_GPU = "no NVIDIA GPU detected"
+PALETTE_EVENTS = (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange)
 
 
 def follow_palette(widget: QWidget) -> None:
@@ -43,7 +48,9 @@ class LiveCharts(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         self.view = pg.GraphicsLayoutWidget()
         layout.addWidget(self.view)
+        self._notes: list[pg.TextItem] = []  # text drawn inside plots ("no NVIDIA GPU detected")
         self._build()
+        self.apply_palette()
         self.timer = QTimer(self)
         self.timer.setInterval(250)
         self.timer.timeout.connect(self.refresh)
@@ -78,12 +85,43 @@ class LiveCharts(QWidget):
                 plot.hideAxis("left")
                 plot.hideAxis("bottom")
                 label = pg.TextItem(NO_GPU, anchor=(0.5, 0.5), color=text)
+                self._notes.append(label)
                 plot.addItem(label)
                 label.setPos(0.5, 0.5)
                 plot.setXRange(0, 1)
                 plot.setYRange(0, 1)
                 plot.setMouseEnabled(False, False)
         self.messages = {"gpu": NO_GPU if not self.has_gpu else None}
+
+    # -- palette -----------------------------------------------------------------------------
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        """The system switched light/dark (or the palette changed): recolour every plot."""
+        if event.type() in PALETTE_EVENTS and hasattr(self, "curves"):
+            self.apply_palette()
+        super().changeEvent(event)
+
+    def apply_palette(self) -> None:
+        """Background, axes, titles, legends and labels in the palette's base and text colours.
+
+        The data curves keep their own colours, which read on light and dark backgrounds alike.
+        """
+        follow_palette(self)  # plots added later start in the same colours
+        palette = self.palette()
+        background, text = palette.base().color(), palette.text().color()
+        self.view.setBackground(background)
+        for plot in (self.speed, self.accept, self.gpu, self.vram, self.host):
+            for side in ("left", "bottom"):
+                axis = plot.getAxis(side)
+                axis.setPen(text)
+                axis.setTextPen(text)
+            plot.setTitle(plot.titleLabel.text, color=text)
+            if plot.legend is not None:
+                plot.legend.setLabelTextColor(text)  # for entries added later; it does not redraw these:
+                for _, label in plot.legend.items:
+                    label.setText(label.text, color=text)
+        self.reference.label.setColor(text)
+        for note in self._notes:
+            note.setColor(text)
 
     # -- input -------------------------------------------------------------------------------
     def set_reference(self, tok_s: float | None) -> None:

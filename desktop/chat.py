@@ -3,17 +3,39 @@
 The panel keeps the conversation and shows it; the main window turns "send" into a request for
 the worker and feeds the worker's events back here. The transcript is redrawn on a short timer
 while an answer streams, not once per token.
+
+Any earlier user message can be edited: its "edit" link in the transcript puts its text in the
+message box, and sending replaces it, drops every turn after it (those answered the old text)
+and asks again. Until then nothing changes, so Cancel or Esc leaves the conversation as it was.
+
+Every colour in the transcript comes from the palette (``TranscriptTheme``), and the panel redraws
+when the palette changes, so switching the system between light and dark mode while the app runs
+keeps drafted-token shading, footers, links and code blocks readable.
 """
 
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut, QTextCursor
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QKeySequence,
+    QPalette,
+    QShortcut,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextDocumentFragment,
+    QTextFormat,
+)
 from PySide6.QtWidgets import (
     QCheckBox,
     QHBoxLayout,
+    QLabel,
     QListWidget,
     QListWidgetItem,
     QPlainTextEdit,
@@ -28,23 +50,79 @@ from backends.chat import format_stats
 from backends.core.types import Finished, Prefilled, RunStats, Step
 from desktop.store import ConversationStore, StoredMessage
 
-DRAFT_COLOUR = "rgba(80, 170, 90, 0.30)"
+EDIT_SCHEME = "edit"  # transcript links "edit:<message index>" start editing that message
+PALETTE_EVENTS = (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange)
+NOTICE_MS = 6000
+HEADER_GAP = 12.0  # pixels above each "You" / "SpecDeck" line
+_DRAFT_GREEN = QColor(80, 170, 90)
+
+
+@dataclass(frozen=True)
+class TranscriptTheme:
+    """The transcript's colours (``#rrggbb``), derived from a palette.
+
+    Derived rather than fixed so one rule serves light and dark themes: drafted tokens get a green
+    mixed into the background, footers a tone between text and background, code a faint shade of
+    the text colour. On white, for example, drafted text sits on ``#c2e1c5``; on ``#1e1e1e`` on
+    ``#304f33``.
+    """
+
+    link: str
+    muted: str
+    draft: str
+    code: str
+    error: str
+
+    @classmethod
+    def from_palette(cls, palette: QPalette) -> TranscriptTheme:
+        base, text = palette.base().color(), palette.text().color()
+        dark = base.lightness() < 128
+        return cls(
+            link=palette.link().color().name(),
+            muted=_mix(text, base, 0.55).name(),
+            draft=_mix(_DRAFT_GREEN, base, 0.35).name(),
+            code=_mix(text, base, 0.10).name(),
+            error="#ff7b6b" if dark else "#c0392b",
+        )
+
+
+def _mix(colour: QColor, background: QColor, amount: float) -> QColor:
+    """``amount`` of ``colour`` over ``background``, as an opaque colour (0: background, 1: colour)."""
+    mixed = [round(a * amount + b * (1 - amount)) for a, b in zip(colour.getRgb()[:3], background.getRgb()[:3])]
+    return QColor(*mixed)
 
 
 class MessageBox(QPlainTextEdit):
-    """Ctrl+Enter sends; plain Enter is a new line, as in most chat apps' multi-line boxes."""
+    """Ctrl+Enter sends; plain Enter is a new line, as in most chat apps' multi-line boxes.
+
+    While a message is being edited, Esc cancels the edit instead of reaching the window's
+    "stop" shortcut: the box claims the key in ``ShortcutOverride``, Qt's way for a focused
+    widget to take a key that a shortcut would otherwise get.
+    """
 
     submitted = Signal()
+    cancelled = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setPlaceholderText("Message (Ctrl+Enter to send, Esc to stop)")
         self.setMaximumHeight(110)
         self.setObjectName("message_box")
+        self.escape_cancels = False
+
+    def event(self, event: QEvent) -> bool:
+        if (event.type() == QEvent.Type.ShortcutOverride and self.escape_cancels
+                and event.key() == Qt.Key.Key_Escape):
+            event.accept()
+            return True
+        return super().event(event)
 
     def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt's name
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
             self.submitted.emit()
+            return
+        if event.key() == Qt.Key.Key_Escape and self.escape_cancels:
+            self.cancelled.emit()
             return
         super().keyPressEvent(event)
 
@@ -60,12 +138,19 @@ class ChatPanel(QWidget):
         self.messages: list[StoredMessage] = []
         self.spans: dict[int, list[tuple[str, bool]]] = {}  # message index -> (text, came from a draft)
         self.streaming = False
+        self.editing: int | None = None  # index of the user message being edited, if any
+        self._box_before_edit = ""  # what the message box held when the edit began (Cancel gives it back)
         self._dirty = False
+        self._error: str | None = None  # the error line now shown (a palette change redraws it)
+        self._rendered: dict[str, Rendered] = {}  # message text -> its styled markdown (see redraw)
         self._build()
+        self.theme = TranscriptTheme.from_palette(self.palette())
         self.redraw_timer = QTimer(self)
         self.redraw_timer.setInterval(80)
         self.redraw_timer.timeout.connect(self._redraw_if_dirty)
         self.redraw_timer.start()
+        self.notice_timer = QTimer(self, singleShot=True, interval=NOTICE_MS)
+        self.notice_timer.timeout.connect(self.notice.hide)
         self.reload_list()
         conversations = self.store.list()
         self.open(conversations[0].id if conversations else self.store.create())
@@ -90,9 +175,11 @@ class ChatPanel(QWidget):
 
         self.transcript = QTextBrowser()
         self.transcript.setObjectName("transcript")
-        self.transcript.setOpenExternalLinks(True)
+        self.transcript.setOpenLinks(False)  # "edit:" links are ours; _on_link opens the others
+        self.transcript.anchorClicked.connect(self._on_link)
         self.input = MessageBox()
         self.input.submitted.connect(self.send)
+        self.input.cancelled.connect(self.cancel_edit)
         self.send_button = QPushButton("Send")
         self.send_button.clicked.connect(self.send)
         self.stop_button = QPushButton("Stop")
@@ -114,6 +201,7 @@ class ChatPanel(QWidget):
         rv = QVBoxLayout(right)
         rv.setContentsMargins(0, 0, 0, 0)
         rv.addWidget(self.transcript, 1)
+        rv.addWidget(self._build_edit_bar())
         rv.addWidget(self.input)
         rv.addLayout(buttons)
 
@@ -126,6 +214,28 @@ class ChatPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(split)
         QShortcut(QKeySequence("Ctrl+Return"), self.input, activated=self.send)
+
+    def _build_edit_bar(self) -> QWidget:
+        """The line above the message box: what an edit will do and its Cancel button, or a notice."""
+        bar = QWidget()
+        row = QHBoxLayout(bar)
+        row.setContentsMargins(0, 0, 0, 0)
+        self.notice = QLabel()
+        self.notice.setObjectName("chat_notice")
+        self.notice.setWordWrap(True)
+        self.notice.hide()
+        self.edit_label = QLabel()
+        self.edit_label.setObjectName("edit_label")
+        self.edit_label.setWordWrap(True)
+        self.cancel_edit_button = QPushButton("Cancel edit")
+        self.cancel_edit_button.setToolTip("Keep the conversation as it is (Esc)")
+        self.cancel_edit_button.clicked.connect(self.cancel_edit)
+        for w in (self.notice, self.edit_label):
+            row.addWidget(w, 1)
+        row.addWidget(self.cancel_edit_button)
+        self.edit_label.hide()
+        self.cancel_edit_button.hide()
+        return bar
 
     # -- conversations -----------------------------------------------------------------------
     def reload_list(self) -> None:
@@ -142,6 +252,8 @@ class ChatPanel(QWidget):
     def open(self, conversation: int) -> None:
         if self.streaming:
             return
+        if conversation != self.conversation:
+            self.cancel_edit()  # an edit belongs to the conversation it started in
         self.conversation = conversation
         self.messages = list(self.store.messages(conversation))
         self.spans = {}
@@ -168,10 +280,14 @@ class ChatPanel(QWidget):
 
     # -- sending -----------------------------------------------------------------------------
     def send(self) -> None:
+        """Send the box's text: a new message, or the edited one, replacing it and what followed."""
         text = self.input.toPlainText().strip()
         if not text or self.streaming:
             return
         self.input.clear()
+        if self.editing is not None:
+            self._drop_from(self.editing)
+            self._end_edit()
         self.messages.append(StoredMessage("user", text))
         self._ask()
 
@@ -179,6 +295,7 @@ class ChatPanel(QWidget):
         """Answer the last user message again (the previous answer is replaced)."""
         if self.streaming:
             return
+        self.cancel_edit()
         while self.messages and self.messages[-1].role == "assistant":
             self.spans.pop(len(self.messages) - 1, None)
             self.messages.pop()
@@ -186,19 +303,17 @@ class ChatPanel(QWidget):
             self._ask()
 
     def edit_last(self) -> None:
-        """Put the last user message back in the box, dropping it and its answer, to edit and resend."""
-        if self.streaming:
-            return
+        """Edit the last user message (the same as its edit link: nothing is dropped until resend)."""
         last_user = max((i for i, m in enumerate(self.messages) if m.role == "user"), default=None)
-        if last_user is None:
-            return
-        self.input.setPlainText(self.messages[last_user].content)
-        for i in range(last_user, len(self.messages)):
+        if last_user is not None:
+            self.begin_edit(last_user)
+            self.input.setFocus()
+
+    def _drop_from(self, index: int) -> None:
+        """Forget message ``index`` and everything after it, with their drafted-token shading."""
+        for i in range(index, len(self.messages)):
             self.spans.pop(i, None)
-        del self.messages[last_user:]
-        self.save()
-        self.redraw()
-        self.input.setFocus()
+        del self.messages[index:]
 
     def _ask(self) -> None:
         conversation = [{"role": m.role, "content": m.content} for m in self.messages]
@@ -214,6 +329,67 @@ class ChatPanel(QWidget):
         self.stop_button.setEnabled(on)
         for w in (self.send_button, self.regenerate_button, self.edit_button, self.new_button, self.delete_button):
             w.setEnabled(not on)
+
+    # -- editing an earlier message ----------------------------------------------------------
+    def begin_edit(self, index: int) -> bool:
+        """Put user message ``index`` in the message box to rewrite it; True when editing began.
+
+        Nothing changes yet: ``send`` replaces the message and drops the turns after it, which
+        answered the old text; ``cancel_edit`` (Esc, Cancel) gives the box back what it held.
+        Refused while an answer streams, since that answer belongs to the turn being rewritten.
+        """
+        if self.streaming:
+            self.show_notice("Stop the answer first (Esc): a message cannot be edited while it is being answered.")
+            return False
+        if not 0 <= index < len(self.messages) or self.messages[index].role != "user":
+            return False
+        if self.editing is None:
+            self._box_before_edit = self.input.toPlainText()
+        self.editing = index
+        self.input.setPlainText(self.messages[index].content)
+        self.input.moveCursor(QTextCursor.MoveOperation.End)
+        self.input.escape_cancels = True
+        later = len(self.messages) - index - 1
+        self.edit_label.setText(f"Editing message {index + 1}: sending replaces it and drops the {later} "
+                                f"message(s) after it, then answers again. Esc cancels.")
+        self.notice.hide()
+        for w in (self.edit_label, self.cancel_edit_button):
+            w.show()
+        self.send_button.setText("Resend")
+        self.redraw()
+        self.input.setFocus()
+        return True
+
+    def cancel_edit(self) -> None:
+        """Leave the conversation as it was and give the message box back its earlier text."""
+        if self.editing is None:
+            return
+        self.input.setPlainText(self._box_before_edit)
+        self._end_edit()
+        self.redraw()
+
+    def _end_edit(self) -> None:
+        self.editing = None
+        self._box_before_edit = ""
+        self.input.escape_cancels = False
+        self.edit_label.hide()
+        self.cancel_edit_button.hide()
+        self.send_button.setText("Send")
+
+    def show_notice(self, text: str) -> None:
+        """A short message above the box that goes away by itself (the panel has no status bar)."""
+        self.notice.setText(text)
+        self.notice.show()
+        self.notice_timer.start()
+
+    def _on_link(self, url: QUrl) -> None:
+        """Edit links start an edit; links inside messages open in the browser as before."""
+        if url.scheme() == EDIT_SCHEME:
+            index = url.path()
+            if index.isdigit():
+                self.begin_edit(int(index))
+        else:
+            QDesktopServices.openUrl(url)
 
     # -- events from the worker --------------------------------------------------------------
     def on_event(self, event, draft_text: str = "") -> None:
@@ -248,6 +424,20 @@ class ChatPanel(QWidget):
             self.save()
         self.redraw(error=message)
 
+    # -- palette -----------------------------------------------------------------------------
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        """The system switched light/dark (or the palette changed): recolour the transcript."""
+        if event.type() in PALETTE_EVENTS and hasattr(self, "theme"):
+            self.apply_palette()
+        super().changeEvent(event)
+
+    def apply_palette(self) -> None:
+        """Colours from the panel's own palette: Qt tells a parent of the change before it updates
+        its children's palettes, so the transcript's would still be the old one here."""
+        self.theme = TranscriptTheme.from_palette(self.palette())
+        self._rendered = {}
+        self.redraw(error=self._error)
+
     # -- drawing -----------------------------------------------------------------------------
     def _redraw_if_dirty(self) -> None:
         if self._dirty:
@@ -255,37 +445,141 @@ class ChatPanel(QWidget):
             self.redraw()
 
     def redraw(self, *, error: str | None = None) -> None:
+        """Rebuild the transcript. While an answer streams this runs a few times a second, so the
+        markdown of unchanged messages is parsed and styled once and reused from ``_rendered``
+        (kept for the texts drawn this time only, so the growing answer's versions do not pile up)."""
         bar = self.transcript.verticalScrollBar()
         at_bottom = bar.value() >= bar.maximum() - 4
+        self._error = error
         self.transcript.clear()
         cursor = QTextCursor(self.transcript.document())
+        previous, self._rendered = self._rendered, {}
         for i, m in enumerate(self.messages):
-            who = {"user": "You", "assistant": "SpecDeck", "system": "System"}.get(m.role, m.role)
-            cursor.insertHtml(f"<p style='margin-top:12px'><b>{who}</b></p>")
-            cursor.insertBlock()
-            if m.role == "assistant" and self.colour.isChecked() and self.spans.get(i):
-                cursor.insertHtml(_coloured(self.spans[i]))
-            elif m.content:
-                cursor.insertMarkdown(m.content)
-            elif m.role == "assistant" and self.streaming and i == len(self.messages) - 1:
-                cursor.insertHtml("<i>thinking ...</i>")
-            if m.role == "assistant" and m.stats:
-                cursor.insertBlock()
-                footer = format_stats(RunStats.from_dict(m.stats))
-                cursor.insertHtml(f"<p><small style='color:gray'>{html.escape(footer)}</small></p>")
-            cursor.insertBlock()
+            _paragraph(cursor, top_margin=HEADER_GAP)
+            cursor.insertHtml(self._header(i, m))
+            _paragraph(cursor)
+            self._insert_body(cursor, i, m, previous)
+            footer = _footer(m)
+            if footer:
+                _paragraph(cursor)
+                cursor.insertHtml(f"<small style='color:{self.theme.muted}'>{html.escape(footer)}</small>")
         if error:
-            cursor.insertHtml(f"<p style='color:#c0392b'><b>Error:</b> {html.escape(error)}</p>")
+            _paragraph(cursor, top_margin=HEADER_GAP)
+            cursor.insertHtml(f"<span style='color:{self.theme.error}'><b>Error:</b> {html.escape(error)}</span>")
         if at_bottom or self.streaming:
             bar.setValue(bar.maximum())
+
+    def _header(self, index: int, m: StoredMessage) -> str:
+        """Who speaks; a user message also gets its edit link (none while an answer streams)."""
+        who = {"user": "You", "assistant": "SpecDeck", "system": "System"}.get(m.role, m.role)
+        extra = ""
+        if m.role == "user" and index == self.editing:
+            extra = " <i>(being edited)</i>"
+        elif m.role == "user" and not self.streaming:
+            extra = f" &nbsp;<small><a href='{EDIT_SCHEME}:{index}' style='color:{self.theme.link}'>edit</a></small>"
+        return f"<b>{who}</b>{extra}"
+
+    def _insert_body(self, cursor: QTextCursor, index: int, m: StoredMessage, previous: dict[str, Rendered]) -> None:
+        if m.role == "assistant" and self.colour.isChecked() and self.spans.get(index):
+            cursor.insertHtml(_coloured(self.spans[index], self.theme.draft))
+        elif m.content:
+            rendered = previous.get(m.content) or self._rendered.get(m.content) or Rendered.of(m.content, self.theme)
+            self._rendered[m.content] = rendered
+            rendered.insert(cursor)
+        elif m.role == "assistant" and self.streaming and index == len(self.messages) - 1:
+            cursor.insertHtml("<i>thinking ...</i>")
 
     def transcript_text(self) -> str:
         return self.transcript.toPlainText()
 
 
-def _coloured(spans: list[tuple[str, bool]]) -> str:
+def _paragraph(cursor: QTextCursor, *, top_margin: float = 0.0) -> None:
+    """Start a paragraph with plain formats (the empty document's first block is reused).
+
+    A plain ``insertBlock`` inherits the formats at the cursor: after a message that ends in a
+    code block, every later header and message would be laid out as code too.
+    """
+    block = QTextBlockFormat()
+    block.setTopMargin(top_margin)
+    if cursor.atStart():
+        cursor.setBlockFormat(block)
+        cursor.setCharFormat(QTextCharFormat())
+    else:
+        cursor.insertBlock(block, QTextCharFormat())
+
+
+def _footer(m: StoredMessage) -> str | None:
+    """An answer's stats line; None for other messages and for stats this version cannot read
+    (a conversation saved by another SpecDeck version must still open)."""
+    if m.role != "assistant" or not m.stats:
+        return None
+    try:
+        return format_stats(RunStats.from_dict(m.stats))
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A message's markdown, parsed and styled for one theme, ready to insert again and again."""
+
+    fragment: QTextDocumentFragment
+    first_block: QTextBlockFormat
+
+    @classmethod
+    def of(cls, text: str, theme: TranscriptTheme) -> Rendered:
+        source = QTextDocument()
+        source.setMarkdown(text)
+        _style_document(source, theme)
+        return cls(QTextDocumentFragment(source), source.begin().blockFormat())
+
+    def insert(self, cursor: QTextCursor) -> None:
+        """Insert at the cursor, keeping the first paragraph's layout: ``insertFragment`` merges
+        that paragraph into the cursor's and drops its block format, so a message opening with
+        a code block showed its first line as plain text."""
+        block = cursor.block()
+        cursor.insertFragment(self.fragment)
+        QTextCursor(block).setBlockFormat(self.first_block)
+
+
+def _coloured(spans: list[tuple[str, bool]], background: str) -> str:
     out = []
     for text, drafted in spans:
         body = html.escape(text).replace("\n", "<br>")
-        out.append(f"<span style='background-color:{DRAFT_COLOUR}'>{body}</span>" if drafted else body)
+        out.append(f"<span style='background-color:{background}'>{body}</span>" if drafted else body)
     return "".join(out)
+
+
+def _style_document(document: QTextDocument, theme: TranscriptTheme) -> None:
+    """Colour what markdown made: code blocks and inline code get a shade, links the palette's link.
+
+    Qt's markdown importer marks fenced code blocks with ``BlockCodeFence`` and inline code with a
+    fixed-pitch font but sets no colours, and its links keep the link colour of the moment they
+    were inserted; without this a dark theme would show code on nothing and links in dark blue.
+    """
+    code_block = QTextBlockFormat()
+    code_block.setBackground(QColor(theme.code))
+    code_text, link = QTextCharFormat(), QTextCharFormat()
+    code_text.setBackground(QColor(theme.code))
+    link.setForeground(QColor(theme.link))
+    blocks, spans = [], []
+    block = document.begin()
+    while block.isValid():
+        if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
+            blocks.append(block.position())
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            fmt = fragment.charFormat()
+            if fmt.isAnchor() or fmt.fontFixedPitch():
+                spans.append((fragment.position(), fragment.length(), link if fmt.isAnchor() else code_text))
+            it += 1
+        block = block.next()
+    cursor = QTextCursor(document)
+    for position in blocks:
+        cursor.setPosition(position)
+        cursor.mergeBlockFormat(code_block)
+    for position, length, fmt in spans:
+        cursor.setPosition(position)
+        cursor.setPosition(position + length, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(fmt)

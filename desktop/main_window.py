@@ -128,7 +128,9 @@ class MainWindow(QMainWindow):
         self.banner = QLabel()
         self.banner.setObjectName("error_banner")
         self.banner.setWordWrap(True)
-        self.banner.setStyleSheet("background:#fdecea; color:#8a1c12; padding:6px; border:1px solid #f5c6cb")
+        # Palette roles, not fixed colours, so the banner reads in dark mode too.
+        self.banner.setStyleSheet("background: palette(alternate-base); color: palette(text); padding: 6px; "
+                                  "border: 2px solid #c0392b; border-radius: 3px")
         self.banner_close = QPushButton("Dismiss")
         self.banner_close.clicked.connect(self.clear_error)
         banner_row = QHBoxLayout()
@@ -223,8 +225,10 @@ class MainWindow(QMainWindow):
         self.load_request.emit(self._load)
 
     def load_draft(self, draft_path: str) -> None:
-        if self.model is not None:
-            self.load_model(self.model.model, self.model.n_ctx, draft=draft_path)
+        if self.model is None:
+            self.show_error("No model loaded", "load a target model first; the draft model drafts for it")
+            return
+        self.load_model(self.model.model, self.model.n_ctx, draft=draft_path)
 
     def _on_loading(self, spec: str) -> None:
         self.model = None
@@ -246,7 +250,7 @@ class MainWindow(QMainWindow):
         self.progress_timer.stop()
         self.progress.hide()
         self.cancel_load.hide()
-        draft = f" + draft {ready.draft_model}" if ready.draft_model else ""
+        draft = f" + draft {Path(ready.draft_model).name}" if ready.draft_model else ""
         self.status_label.setText(f"{ready.name}{draft} · context {ready.n_ctx} · loaded in {ready.seconds:.1f} s · ready")
         self._set_title(ready.name)
         self.clear_error()

@@ -211,16 +211,26 @@ class MethodPanel(QGroupBox):
         self._on_method(self.combo.currentIndex())
 
     def _fill_drafts(self, advice: MethodAdvice) -> None:
+        """Usable drafts first, then the others greyed out with why; the user's pick stays picked.
+
+        The list is rebuilt after every load, including the one the pick itself started, so
+        without keeping the pick the box would jump back to the first file and no longer show
+        which draft is loaded.
+        """
+        picked = self.draft_box.currentData()
         self.draft_items.clear()
         for path in advice.compatible_drafts:
             item = QStandardItem(Path(path).name)
             item.setData(str(path), Qt.ItemDataRole.UserRole)
+            item.setToolTip(str(path))
             self.draft_items.appendRow(item)
         for name, why in advice.rejected_drafts:
             item = QStandardItem(f"{name} (not usable)")
             item.setEnabled(False)
             item.setToolTip(why)
             self.draft_items.appendRow(item)
+        row = self.draft_box.findData(picked) if picked else -1
+        self.draft_box.setCurrentIndex(row if row >= 0 else 0)
         self.load_draft.setEnabled(bool(advice.compatible_drafts))
 
     def _show_details(self, name: str) -> None:

@@ -146,8 +146,15 @@ def test_regenerate_and_edit_last_message(qtbot, window):
     window.chat.regenerate_button.click()
     qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
     assert [m.role for m in window.chat.messages] == ["user", "assistant"]
-    window.chat.edit_button.click()
-    assert window.chat.input.toPlainText() == "Name a fruit." and window.chat.messages == []
+    window.chat.edit_button.click()  # like the message's own edit link: nothing is dropped until resend
+    assert window.chat.input.toPlainText() == "Name a fruit." and window.chat.editing == 0
+    assert [m.role for m in window.chat.messages] == ["user", "assistant"]
+    window.chat.input.setPlainText("Name a vegetable.")
+    rec.finished = None
+    window.chat.send_button.click()
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
+    assert [(m.role, m.content) for m in window.chat.messages][0] == ("user", "Name a vegetable.")
+    assert len(window.chat.messages) == 2 and window.chat.editing is None
 
 
 def test_method_chooser_labels_fit_and_greys_out_what_cannot_run(qtbot, window):

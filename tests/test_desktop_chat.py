@@ -1,0 +1,276 @@
+"""The chat side of the desktop window: editing earlier messages, following a light/dark switch,
+answering with a draft model picked in the method panel. Real widgets offscreen, the real worker
+thread and real models (the bundled SmolLM2 and the catalog's derived variants)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import re  # noqa: E402
+
+import pytest  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtGui import QColor, QPalette, QTextCursor, QTextFormat  # noqa: E402
+from PySide6.QtWidgets import QApplication, QTextBrowser  # noqa: E402
+
+from backends.models.catalog import resolve_model  # noqa: E402
+from desktop.chat import ChatPanel  # noqa: E402
+from desktop.main_window import MainWindow  # noqa: E402
+from desktop.store import ConversationStore, StoredMessage  # noqa: E402
+from tests.test_desktop import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send  # noqa: E402
+
+SMOLLM_F16 = "smollm2-135m-f16"
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh user: data directory and settings file of its own (as in test_desktop)."""
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path
+
+
+@pytest.fixture
+def window(qtbot, home):
+    w = open_window(qtbot, home)
+    yield w
+    close_window(w)
+
+
+def ask(qtbot, window: MainWindow, text: str) -> Recorder:
+    """Send ``text`` from the message box and wait until its answer is shown."""
+    rec = Recorder(window)
+    send(qtbot, window, text)
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
+    window.worker.answer_event.disconnect(rec.on_event)
+    return rec
+
+
+def fragments(browser: QTextBrowser):
+    """Every text fragment of the transcript, with the block it sits in."""
+    block = browser.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            yield block, it.fragment()
+            it += 1
+        block = block.next()
+
+
+def links(browser: QTextBrowser) -> list[str]:
+    return [f.charFormat().anchorHref() for _, f in fragments(browser) if f.charFormat().isAnchor()]
+
+
+def click_link(qtbot, browser: QTextBrowser, href: str) -> None:
+    """Click a transcript link with the mouse, in the middle of where the document laid it out."""
+    fragment = next(f for _, f in fragments(browser) if f.charFormat().anchorHref() == href)
+    cursor = QTextCursor(browser.document())
+    cursor.setPosition(fragment.position() + fragment.length() // 2)
+    browser.setTextCursor(cursor)
+    browser.ensureCursorVisible()
+    qtbot.mouseClick(browser.viewport(), Qt.MouseButton.LeftButton, pos=browser.cursorRect(cursor).center())
+
+
+def stored(chat: ChatPanel) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in chat.store.messages(chat.conversation)]
+
+
+# -- editing an earlier message ------------------------------------------------------------------
+def test_edit_an_earlier_message_cancel_then_resend(qtbot, window):
+    chat = window.chat
+    window.sampling.max_tokens.setValue(8)
+    questions = ["Name a fruit.", "Name a colour.", "Name an animal."]
+    for q in questions:
+        ask(qtbot, window, q)
+    before = [(m.role, m.content) for m in chat.messages]
+    assert len(before) == 6 and stored(chat) == before
+    assert links(chat.transcript) == ["edit:0", "edit:2", "edit:4"]  # one per user message
+
+    # Click "edit" on the first message, then Esc: nothing changes and the box gets its text back.
+    chat.input.setPlainText("half-typed")
+    click_link(qtbot, chat.transcript, "edit:0")
+    assert chat.editing == 0 and chat.input.toPlainText() == "Name a fruit."
+    assert chat.cancel_edit_button.isVisible() and chat.send_button.text() == "Resend"
+    assert "(being edited)" in chat.transcript_text()
+    assert chat.input.hasFocus()
+    qtbot.keyClick(chat.input, Qt.Key.Key_Escape)
+    assert chat.editing is None and not chat.cancel_edit_button.isVisible()
+    assert chat.input.toPlainText() == "half-typed"
+    assert [(m.role, m.content) for m in chat.messages] == before and stored(chat) == before
+
+    # The Cancel button does the same.
+    click_link(qtbot, chat.transcript, "edit:2")
+    chat.cancel_edit_button.click()
+    assert chat.editing is None and chat.input.toPlainText() == "half-typed" and stored(chat) == before
+
+    # Edit the middle message and resend: it is replaced, the turns after it are gone, and it is answered again.
+    click_link(qtbot, chat.transcript, "edit:2")
+    assert chat.input.toPlainText() == "Name a colour."
+    chat.input.setPlainText("Name a vegetable.")
+    rec = Recorder(window)
+    qtbot.keyClick(chat.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+    assert chat.streaming and chat.editing is None
+    assert links(chat.transcript) == []  # no edit links while an answer streams
+    assert not chat.begin_edit(0) and chat.editing is None  # refused, with a notice saying why
+    assert chat.notice.isVisible() and "Stop the answer" in chat.notice.text()
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
+
+    expected = [("user", "Name a fruit."), before[1], ("user", "Name a vegetable."), ("assistant", rec.finished.text)]
+    assert [(m.role, m.content) for m in chat.messages] == expected
+    assert stored(chat) == expected  # the SQLite store dropped the later turns too
+    assert chat.messages[-1].stats is not None
+    text = chat.transcript_text()
+    assert "Name a colour." not in text and "Name an animal." not in text and "Name a vegetable." in text
+    assert links(chat.transcript) == ["edit:0", "edit:2"]
+    assert chat.send_button.text() == "Send" and chat.input.toPlainText() == ""
+
+
+def test_editing_the_first_message_renames_the_conversation(qtbot, window):
+    chat = window.chat
+    window.sampling.max_tokens.setValue(4)
+    ask(qtbot, window, "Old title question")
+    assert chat.list.currentItem().text() == "Old title question"
+    assert chat.begin_edit(0)
+    assert not chat.begin_edit(1)  # an answer is not editable
+    chat.input.setPlainText("New title question")
+    rec = Recorder(window)
+    chat.send_button.click()
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
+    assert stored(chat) == [("user", "New title question"), ("assistant", rec.finished.text)]
+    assert chat.list.currentItem().text() == "New title question"
+
+
+def test_a_saved_conversation_opens_with_code_first_and_stats_it_cannot_read(qtbot, tmp_path):
+    store = ConversationStore(tmp_path / "conversations.sqlite3")
+    conversation = store.create()
+    store.replace_messages(conversation, [StoredMessage("user", "```\nprint(1)\n```\nWhat does this print?"),
+                                          StoredMessage("assistant", "It prints 1.", {"method": "ar", "unknown": 1})])
+    chat = ChatPanel(store)
+    qtbot.addWidget(chat)
+    assert chat.conversation == conversation and "It prints 1." in chat.transcript_text()
+    assert "[ar" not in chat.transcript_text()  # stats from another version: no footer, and no crash
+    assert code_lines(chat) == ["print(1)"]  # a message opening with code keeps its first line as code
+    store.close()
+
+
+# -- light / dark ---------------------------------------------------------------------------------
+def dark_palette() -> QPalette:
+    palette = QPalette()
+    for role, colour in ((QPalette.ColorRole.Window, "#202124"), (QPalette.ColorRole.WindowText, "#e8eaed"),
+                         (QPalette.ColorRole.Base, "#1b1b1d"), (QPalette.ColorRole.AlternateBase, "#2a2a2d"),
+                         (QPalette.ColorRole.Text, "#e8eaed"), (QPalette.ColorRole.Button, "#2d2e31"),
+                         (QPalette.ColorRole.ButtonText, "#e8eaed"), (QPalette.ColorRole.Link, "#8ab4f8"),
+                         (QPalette.ColorRole.Highlight, "#3d6fb4"), (QPalette.ColorRole.HighlightedText, "#ffffff")):
+        palette.setColor(role, QColor(colour))
+    return palette
+
+
+def transcript_colours(chat: ChatPanel) -> dict[str, set[str]]:
+    """The colours the transcript actually shows, read back from its document."""
+    out: dict[str, set[str]] = {"draft": set(), "footer": set(), "code": set(), "link": set()}
+    for block, fragment in fragments(chat.transcript):
+        fmt = fragment.charFormat()
+        if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
+            out["code"].add(block.blockFormat().background().color().name())
+        if fmt.isAnchor():
+            out["link"].add(fmt.foreground().color().name())
+        elif fragment.text().startswith("[pld"):
+            out["footer"].add(fmt.foreground().color().name())
+        elif fmt.background().style() != Qt.BrushStyle.NoBrush and not fmt.fontFixedPitch():
+            out["draft"].add(fmt.background().color().name())
+    return out
+
+
+def code_lines(chat: ChatPanel) -> list[str]:
+    """The transcript lines laid out as a code block."""
+    lines, block = [], chat.transcript.document().begin()
+    while block.isValid():
+        if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
+            lines.append(block.text())
+        block = block.next()
+    return lines
+
+
+def drawn_colour(label) -> str:
+    """The colour a pyqtgraph text label is drawn in, read from its rendered text."""
+    block = label.item.document().begin()
+    return block.begin().fragment().charFormat().foreground().color().name()
+
+
+def chart_colours(window: MainWindow) -> tuple[str, ...]:
+    """Background, axis line, axis text, title, legend entries and the reference line's label."""
+    charts = window.charts
+    legend = {drawn_colour(label) for plot in (charts.accept, charts.host) for _, label in plot.legend.items}
+    return (charts.view.backgroundBrush().color().name(), charts.speed.getAxis("left").pen().color().name(),
+            charts.host.getAxis("bottom").textPen().color().name(), drawn_colour(charts.speed.titleLabel),
+            *sorted(legend), charts.reference.label.textItem.defaultTextColor().name())
+
+
+def test_charts_and_transcript_follow_a_palette_switch(qtbot, window):
+    chat, app = window.chat, QApplication.instance()
+    assert window.methods.select("pld")
+    window.methods.form_of["pld"].editors["adaptive"].setChecked(False)  # propose on every match
+    window.sampling.max_tokens.setValue(40)
+    chat.colour.setChecked(True)
+    ask(qtbot, window, "```\napples, pears, plums, cherries, grapes, melons\n```\n\nRepeat this list exactly.")
+    light = transcript_colours(chat)
+    assert light["draft"] and light["footer"] and light["code"] and light["link"]  # the answer drafted something
+    assert code_lines(chat) == ["apples, pears, plums, cherries, grapes, melons"]  # what follows is not code
+    original = app.palette()
+    light_charts = chart_colours(window)
+    assert light_charts[0] == original.base().color().name()
+    dark = dark_palette()
+    try:
+        app.setPalette(dark)
+        qtbot.waitUntil(lambda: chart_colours(window)[0] == "#1b1b1d", timeout=2000)
+        assert chart_colours(window) == ("#1b1b1d",) + ("#e8eaed",) * 5
+        colours = transcript_colours(chat)
+        theme = chat.theme
+        assert chat.transcript.palette().base().color().name() == "#1b1b1d"
+        assert colours == {"draft": {theme.draft}, "footer": {theme.muted}, "code": {theme.code}, "link": {"#8ab4f8"}}
+        for name in ("draft", "footer", "code", "link"):
+            assert colours[name] != light[name], name
+        assert QColor(theme.draft).lightness() < 100 and QColor(theme.code).lightness() < 100  # dark shades
+    finally:
+        app.setPalette(original)
+    qtbot.waitUntil(lambda: chart_colours(window) == light_charts, timeout=2000)
+    assert transcript_colours(chat) == light
+
+
+# -- a draft model picked in the method panel -----------------------------------------------------
+def test_draft_model_from_the_picker_answers_with_the_draft_method(qtbot, home, smollm_f16_path, gemma_path):
+    resolve_model("smollm2-135m-q8_0")  # made on first use, like the F16 target and Gemma (conftest)
+    window = open_window(qtbot, home, autoload=SMOLLM_F16)  # the F16 target: smaller SmolLM2 files can draft
+    try:
+        methods = window.methods
+        qtbot.waitUntil(lambda: methods.advice is not None, timeout=60_000)
+        assert methods.disabled_reason("draft") is not None  # nothing loaded yet
+        items = [methods.draft_items.item(i) for i in range(methods.draft_items.rowCount())]
+        usable = {item.text(): item.data(Qt.ItemDataRole.UserRole) for item in items if item.isEnabled()}
+        refused = {item.text(): item.toolTip() for item in items if not item.isEnabled()}
+        assert {"SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-q8_0.gguf"} <= set(usable)
+        assert not any("gemma" in name.lower() for name in usable)
+        gemma_why = refused["gemma3-270m-q4_k_m.gguf (not usable)"]
+        assert "tokenizer type differs" in gemma_why and "vocabulary sizes differ" in gemma_why
+
+        q8 = usable["smollm2-135m-q8_0.gguf"]
+        methods.draft_box.setCurrentIndex(methods.draft_box.findData(q8))
+        advice = methods.advice
+        methods.load_draft.click()
+        qtbot.waitUntil(lambda: window.model is not None and window.model.draft_model == q8, timeout=LOAD_TIMEOUT)
+        qtbot.waitUntil(lambda: methods.advice is not advice, timeout=60_000)
+        assert methods.draft_box.currentData() == q8  # the picker still shows the loaded draft
+        assert methods.disabled_reason("draft") is None and methods.select("draft")
+        methods.form_of["draft"].editors["adaptive"].setChecked(False)  # draft every step, however it pays here
+
+        window.sampling.max_tokens.setValue(24)
+        rec = ask(qtbot, window, "Name three colors.")
+        assert rec.finished.stats.method == "draft" and rec.finished.stats.drafted > 0
+        footer = window.chat.transcript_text().strip().splitlines()[-1]
+        assert footer.startswith("[draft ·")
+        shown = re.search(r"acceptance (\d+)%", footer)
+        assert shown and int(shown.group(1)) == round(100 * rec.finished.stats.acceptance_rate)
+        assert window.error_text() == ""
+    finally:
+        close_window(window)
