@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QItemSelection, QItemSelectionModel, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
@@ -176,6 +176,15 @@ class HubDialog(QDialog):
         return ""
 
     # --- download -------------------------------------------------------------------------
+
+    def select_files(self, paths: list[str]) -> None:
+        """Select exactly these files (what a click does, without depending on held modifier keys)."""
+        model, selection = self.file_table.selectionModel(), QItemSelection()
+        for row, f in enumerate(self.files):
+            if f.path in paths:
+                selection.select(self.file_table.model().index(row, 0),
+                                 self.file_table.model().index(row, self.file_table.columnCount() - 1))
+        model.select(selection, QItemSelectionModel.SelectionFlag.ClearAndSelect)
 
     def selected_paths(self) -> list[str]:
         rows = sorted({i.row() for i in self.file_table.selectedItems()})

@@ -206,15 +206,23 @@ def library(qtbot, fresh, tmp_path, monkeypatch):
     wait_for_jobs()
 
 
+def _wait_done(qtbot, dialog) -> None:
+    try:
+        qtbot.waitUntil(lambda: not dialog.busy and dialog.status.text().startswith("Done"), timeout=60_000)
+    except Exception:
+        raise AssertionError(f"download did not finish: {dialog.status.text()!r}") from None
+
+
 def _pick_file(qtbot, dialog, name: str) -> None:
+    from PySide6.QtCore import QItemSelectionModel
+
     dialog.query.setText("smollm")
     dialog.search()
     qtbot.waitUntil(lambda: dialog.results.rowCount() == 2, timeout=10_000)
-    dialog.results.selectRow(0)
+    flags = QItemSelectionModel.SelectionFlag.ClearAndSelect | QItemSelectionModel.SelectionFlag.Rows
+    dialog.results.selectionModel().setCurrentIndex(dialog.results.model().index(0, 0), flags)
     qtbot.waitUntil(lambda: dialog.file_table.rowCount() == 5, timeout=10_000)
-    row = next(r for r, f in enumerate(dialog.files) if f.path == name)
-    dialog.file_table.clearSelection()
-    dialog.file_table.selectRow(row)
+    dialog.select_files([name])
 
 
 def test_dialog_downloads_into_the_library_which_then_lists_the_model(qtbot, library, fresh):
@@ -227,7 +235,7 @@ def test_dialog_downloads_into_the_library_which_then_lists_the_model(qtbot, lib
     assert "pickled" in dialog.file_table.item(pickle_row, 2).text()
     assert dialog.selected_paths() == [MODEL_FILE]
     dialog.download_button.click()
-    qtbot.waitUntil(lambda: not dialog.busy and dialog.status.text().startswith("Done"), timeout=60_000)
+    _wait_done(qtbot, dialog)
     assert dialog.progress.value() == 1000
     listed = [e.path for e in library.entries if e.path and e.path.name == MODEL_FILE]
     assert listed and listed[0].is_file()
@@ -249,9 +257,9 @@ def test_dialog_cancel_keeps_the_library_clean_and_download_resumes(qtbot, libra
     assert not any(e.path and e.path.name == MODEL_FILE for e in library.entries)
     assert "downloaded; Download resumes it" in dialog.file_table.item(0, 2).text()
     fresh.rate = None
-    dialog.file_table.selectRow(0)
+    dialog.select_files([MODEL_FILE])
     dialog.download_button.click()
-    qtbot.waitUntil(lambda: not dialog.busy and dialog.status.text().startswith("Done"), timeout=60_000)
+    _wait_done(qtbot, dialog)
     assert any(rng and rng != "bytes=0-" for _, _, rng in fresh.requests)
     assert any(e.path and e.path.name == MODEL_FILE for e in library.entries)
 
