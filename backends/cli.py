@@ -123,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--set", action="append", default=[], metavar="METHOD.NAME=VALUE", help="a method setting")
     bench.add_argument("--json", type=Path, default=None, help="write every record and the summary here")
     bench.add_argument("--csv", type=Path, default=None, help="write one row per (method, prompt) here")
+    bench.add_argument("--datastore", default=None, help="REST datastore file for rest (and specinfer with rest)")
+    store = sub.add_parser("datastore", help="REST datastores: your own texts indexed for retrieval drafting")
+    ssub = store.add_subparsers(dest="datastore_command", required=True)
+    sbuild = ssub.add_parser("build", help="tokenize a folder of texts (.txt/.md/.py ..., .jsonl) and index it")
+    sbuild.add_argument("--model", default=DEFAULT_MODEL, help="the model whose tokenizer the datastore uses")
+    sbuild.add_argument("--source", type=Path, required=True, action="append", help="a folder or file (repeatable)")
+    sbuild.add_argument("--out", type=Path, required=True, help="the datastore file to write")
+    sinfo = ssub.add_parser("info", help="what a datastore holds and which tokenizer it was built with")
+    sinfo.add_argument("file", type=Path)
     add_hardware_commands(sub)
     return parser
 
@@ -233,6 +242,31 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_datastore(args: argparse.Namespace) -> int:
+    from backends.models.datastore import Datastore, build_datastore, read_sources, source_texts
+
+    if args.datastore_command == "info":
+        store = Datastore(args.file)
+        meta = store.meta
+        print(f"{args.file}: {store.n_tokens:,} tokens in {meta.get('documents')} documents, "
+              f"{store.nbytes / 2**20:,.1f} MiB\n  tokenizer of {meta.get('model')} "
+              f"({meta.get('vocab_kind')}, {meta.get('n_vocab')} tokens)")
+        return 0
+    from backends.llamacpp.model import LlamaModel
+    from backends.models.catalog import resolve_model
+
+    files = [f for source in args.source for f in source_texts(source)]
+    with LlamaModel(resolve_model(args.model), vocab_only=True) as model:
+        def show(done: int, total: int) -> None:
+            print(f"\r  tokenizing {done:,} of {total:,} files", end="", file=sys.stderr, flush=True)
+
+        report = build_datastore(read_sources(files), args.out, tokenize=lambda t: model.tokenize(t, add_special=False, parse_special=False),
+                                 vocab=model.vocab_info, model_name=model.name, progress=show, total=len(files))
+    print(f"\n{report.path}: {report.tokens:,} tokens from {report.documents:,} documents, "
+          f"{report.bytes / 2**20:,.1f} MiB", file=sys.stderr)
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from backends.bench import BenchConfig, run_bench, write_csv, write_json
 
@@ -242,7 +276,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         categories=tuple(c.strip() for c in args.categories.split(",")) if args.categories else None,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, repeats=args.repeats,
         n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn,
-        method_settings=_method_settings(args.set),
+        method_settings=_with_datastore(_method_settings(args.set), args.datastore),
     )
     result = run_bench(config)
     if args.json:
@@ -252,6 +286,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_datastore(settings: dict[str, dict], datastore: str | None) -> dict[str, dict]:
+    """``--datastore FILE`` is the datastore setting of every method that has one."""
+    from backends.drafters import REGISTRY
+
+    if datastore:
+        for name, spec in REGISTRY.items():
+            if spec.needs_datastore:
+                settings.setdefault(name, {}).setdefault("datastore", datastore)
+    return settings
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -259,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     from backends.hardware.commands import cmd_fit, cmd_hw, cmd_recommend
 
     handlers = {"models": cmd_models, "chat": cmd_chat, "bench": cmd_bench, "hw": cmd_hw, "fit": cmd_fit,
-                "recommend": cmd_recommend}
+                "recommend": cmd_recommend, "datastore": cmd_datastore}
     try:
         return handlers[args.command](args)
     except SpecDeckError as exc:

@@ -121,6 +121,7 @@ class Session:
             draft=self.draft_target,
             draft_costs=self.draft_cost_model,
             memory=self._memory,
+            vocab=self.model.vocab_info,
         )
         drafter = spec.build(spec.settings(**settings), resources)
         missing = drafter.requires - self.target.offers

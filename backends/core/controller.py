@@ -161,3 +161,101 @@ class ShadowLedger:
                 still_open.append((start, tokens, bucket))
         self._open = still_open
         return done
+
+
+def cost_at(relative: Sequence[float], n: int) -> float:
+    """Relative cost of verifying ``n`` nodes; past the measured curve, grown linearly from its end."""
+    k_max = len(relative) - 1
+    return relative[n] if n <= k_max else relative[k_max] * n / max(k_max, 1)
+
+
+class TreeSizer:
+    """How many nodes of a ranked candidate tree to verify, or none.
+
+    A drafter that builds trees (retrieval, merged drafts) knows, for every candidate node, an
+    estimate ``p_i`` that the target accepts the node's whole path (for REST: the share of the
+    datastore's continuations that pass through it). Nodes are ranked by ``p`` with parents before
+    children, so the best tree of ``n`` nodes is the first ``n``. Verifying them emits on average
+    ``E(n) = 1 + sum(min(1, c * p_i) for i < n)`` tokens, where ``c`` is a calibration learned
+    online (accepted tokens over predicted ones, with exponential forgetting), and costs
+    ``cost[n]`` forwards: ``choose`` maximizes ``E(n) / cost[n]`` and returns 0 unless the best
+    beats plain decoding by ``min_gain``.
+
+    Example: cost ``[1, 1.3, 1.5]``, ``p = [0.6, 0.3]``, ``c = 1``: speeds 1, 1.23, 1.27: two nodes.
+    """
+
+    def __init__(self, costs: CostModel, *, max_nodes: int, min_gain: float = 1.05, prior: float = 0.7,
+                 prior_weight: float = 2.0, decay: float = 0.95) -> None:
+        self.costs = costs
+        self.max_nodes = max_nodes
+        self.min_gain = min_gain
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self._accepted = 0.0
+        self._predicted = 0.0
+
+    @property
+    def calibration(self) -> float:
+        """Accepted tokens per predicted one, smoothed toward ``prior`` (deliberately below 1:
+        an estimate from a handful of continuations flatters itself)."""
+        return (self._accepted + self.prior * self.prior_weight) / (self._predicted + self.prior_weight)
+
+    def speedups(self, probs: Sequence[float], *, context: int) -> list[float]:
+        """Expected speed relative to plain decoding of verifying the first n = 0..len nodes."""
+        cost, c = self.costs.relative(context), self.calibration
+        out, expected = [1.0], 1.0
+        for n, p in enumerate(probs[: self.max_nodes], start=1):
+            expected += min(1.0, c * p)
+            out.append(expected / cost_at(cost, n))
+        return out
+
+    def choose(self, probs: Sequence[float], *, context: int) -> int:
+        speeds = self.speedups(probs, context=context)
+        best = max(range(len(speeds)), key=speeds.__getitem__)
+        return best if speeds[best] > self.min_gain else 0
+
+    def update(self, predicted: float, accepted: int) -> None:
+        """One verified (or shadow-scored) tree: how many tokens it was predicted to and did yield."""
+        self._accepted = self._accepted * self.decay + accepted
+        self._predicted = self._predicted * self.decay + predicted
+
+
+class TreeLedger:
+    """Trees that were not verified, scored against the text the target went on to produce.
+
+    ``add(start, tokens, parents, probs)`` records a candidate tree for ``context[start:]``;
+    ``resolve(context)`` returns ``(predicted, matched)`` for each tree the context now settles,
+    where ``matched`` is the depth of the deepest node whose path the text followed: exactly what
+    greedy verification would have accepted.
+    """
+
+    def __init__(self) -> None:
+        self._open: list[tuple[int, tuple[int, ...], tuple[int, ...], float, int]] = []
+
+    def add(self, start: int, tokens: Sequence[int], parents: Sequence[int], predicted: float) -> None:
+        if tokens:
+            depth = [0] * len(tokens)
+            for i, parent in enumerate(parents):
+                depth[i] = 1 if parent < 0 else depth[parent] + 1
+            self._open.append((start, tuple(tokens), tuple(parents), predicted, max(depth)))
+
+    def resolve(self, context: Sequence[int]) -> list[tuple[float, int]]:
+        done, still_open = [], []
+        for item in self._open:
+            start, tokens, parents, predicted, depth = item
+            seen = context[start : start + depth]
+            matched, node, settled = 0, -1, False
+            while True:
+                if matched == len(seen):
+                    settled = len(seen) == depth
+                    break
+                child = next((i for i, p in enumerate(parents) if p == node and tokens[i] == seen[matched]), None)
+                if child is None:
+                    settled = True
+                    break
+                node, matched = child, matched + 1
+            if settled:
+                done.append((predicted, matched))
+            else:
+                still_open.append(item)
+        self._open = still_open
+        return done

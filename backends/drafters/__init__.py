@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable
 
@@ -18,10 +19,15 @@ from backends.core.types import HIDDEN_STATES, TREE, SamplingSettings
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
+from backends.drafters.rest import RESTDrafter, RESTSettings
+from backends.models.datastore import Datastore
+from backends.models.gguf_info import VocabInfo
 
 DRAFT_MODEL = "draft_model"  # a requirement: a compatible draft model is loaded
+DATASTORE = "datastore"  # a requirement of methods whose settings name a REST datastore
 REQUIREMENT_TEXT = {
     DRAFT_MODEL: "a draft model with the target's vocabulary (--draft-model)",
+    DATASTORE: "a REST datastore built for this model's tokenizer (`specdeck datastore build`)",
     TREE: "a target that verifies token trees",
     HIDDEN_STATES: "a target that returns hidden states",
 }
@@ -45,6 +51,7 @@ class DrafterResources:
     draft_costs: Callable[[], CostModel | None] = lambda: None
     # What drafters learned in earlier answers of this session (acceptance statistics), by key.
     memory: dict = field(default_factory=dict)
+    vocab: VocabInfo | None = None  # the target's tokenizer (datastores are checked against it)
 
 
 TASKS = ("chat", "summarize", "code", "rag")  # the kinds of work the recommender ranks methods for
@@ -76,6 +83,11 @@ class MethodSpec:
     prior_draft: int = 0
     pool_bytes: Callable[[int], int] = _no_pool
 
+    @property
+    def needs_datastore(self) -> bool:
+        """Methods that retrieve drafts from a datastore have a ``datastore`` setting."""
+        return any(f.name == "datastore" for f in fields(self.settings_type))
+
     def settings(self, **overrides: Any) -> Any:
         """Settings from keyword overrides; unknown names are a clear error."""
         known = {f.name for f in fields(self.settings_type)}
@@ -100,6 +112,30 @@ def _build_pld(settings: PLDSettings, res: DrafterResources) -> Drafter:
     return PLDDrafter(settings, costs=res.costs(), stats=res.memory.setdefault(("pld", settings), PLDDrafter.new_stats()))
 
 
+def open_datastore(path: str, res: DrafterResources) -> Datastore:
+    """A datastore checked against the target's tokenizer, opened once per session and file."""
+    if not path:
+        raise SpecDeckError("rest needs a datastore: build one with `specdeck datastore build --model MODEL "
+                            "--source FOLDER --out FILE`, then choose it (--set rest.datastore=FILE)")
+    file = Path(path).expanduser()
+    key = ("datastore", str(file.resolve()), file.stat().st_mtime_ns if file.exists() else 0)
+    store = res.memory.get(key)
+    if store is None:
+        store = Datastore(file)
+        if res.vocab is not None:
+            store.check_vocab(res.vocab)
+        res.memory[key] = store
+    return store
+
+
+def _build_rest(settings: RESTSettings, res: DrafterResources) -> Drafter:
+    store = open_datastore(settings.datastore, res)
+    sizer = res.memory.get(("rest", settings))
+    drafter = RESTDrafter(store, settings, costs=res.costs(), sizer=sizer)
+    res.memory[("rest", settings)] = drafter.sizer  # calibration carries over to the next answer
+    return drafter
+
+
 REGISTRY: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
@@ -121,6 +157,15 @@ REGISTRY: dict[str, MethodSpec] = {
             requires=frozenset({DRAFT_MODEL}),
             prior_acceptance=MappingProxyType({"chat": 0.6, "summarize": 0.65, "code": 0.7, "rag": 0.65}),
             prior_draft=8,
+        ),
+        MethodSpec(
+            "rest",
+            "retrieval: drafts what followed the same words in a datastore of your own texts (code, docs, chats)",
+            RESTSettings,
+            _build_rest,
+            requires=frozenset({TREE}),
+            prior_acceptance=MappingProxyType({"chat": 0.25, "summarize": 0.25, "code": 0.4, "rag": 0.3}),
+            prior_draft=4,
         ),
     )
 }

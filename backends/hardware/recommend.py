@@ -27,8 +27,8 @@ from pathlib import Path
 
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
-from backends.drafters import DRAFT_MODEL, REGISTRY, TASKS, MethodSpec, describe
-from backends.hardware.fit import FitReport, RuntimeSettings, method_extra, plan
+from backends.drafters import DATASTORE, DRAFT_MODEL, REGISTRY, TASKS, MethodSpec, describe
+from backends.hardware.fit import FitReport, RuntimeSettings, file_bytes, method_extra, plan
 from backends.hardware.observed import ObservedStore
 from backends.hardware.shape import ModelShape, load_shape
 from backends.hardware.types import HardwareReport
@@ -80,16 +80,19 @@ class _Context:
     store: ObservedStore
     cpu_bw: float
     costs: Callable[[ModelShape, int], CostModel | None]  # (model, gpu layers) -> measured cost curve
+    datastore_bytes: int | None = None  # the REST datastore offered, None: none
 
 
 def recommend(model: str | Path, hw: HardwareReport, *, task: str = "chat", drafts: Sequence[str | Path] = (),
               rt: RuntimeSettings | None = None, cpu_bandwidth: float, store: ObservedStore | None = None,
-              target_offers: frozenset[str] = frozenset(),
+              target_offers: frozenset[str] = frozenset(), datastore: str | Path | None = None,
               costs: Callable[[ModelShape, int], CostModel | None] = lambda shape, ngl: None) -> Recommendations:
-    """Every registered method, best first; ``drafts`` are candidate draft model files."""
+    """Every registered method, best first; ``drafts`` are candidate draft model files, ``datastore``
+    a REST datastore for the methods that retrieve (without one they are listed as unavailable)."""
     if task not in TASKS:
         raise SpecDeckError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
-    ctx = _Context(load_shape(model), hw, rt or RuntimeSettings(), task, store or ObservedStore(), cpu_bandwidth, costs)
+    ctx = _Context(load_shape(model), hw, rt or RuntimeSettings(), task, store or ObservedStore(), cpu_bandwidth, costs,
+                   file_bytes(datastore) if datastore else None)
     base_fit = plan(ctx.shape, hw, ctx.rt)
     plain, basis = _plain_rate(ctx, base_fit)
     compatible, rejected = _draft_candidates(ctx.shape, drafts)
@@ -174,6 +177,8 @@ def _draft_candidates(target: ModelShape, drafts: Sequence[str | Path]) -> tuple
 def _rate(ctx: _Context, spec: MethodSpec, plain: float, drafts: list[ModelShape],
           rejected: list[tuple[str, str]], offers: frozenset[str]) -> Recommendation:
     missing = spec.requires - offers
+    if spec.needs_datastore and ctx.datastore_bytes is None:
+        missing = missing | {DATASTORE}
     if missing:
         why = f"needs {describe(missing)}"
         if DRAFT_MODEL in missing:
@@ -182,7 +187,9 @@ def _rate(ctx: _Context, spec: MethodSpec, plain: float, drafts: list[ModelShape
         return Recommendation(spec.name, fit.fits, False, None, None, f"{spec.summary} - {why}", "prior", fit.label,
                               rejected_drafts=tuple(rejected))
     candidates: list[ModelShape | None] = list(drafts) if DRAFT_MODEL in spec.requires else [None]
-    options = [(d, plan(ctx.shape, ctx.hw, ctx.rt, method_extra(spec, ctx.rt.n_ctx, draft=d))) for d in candidates]
+    store_bytes = ctx.datastore_bytes if spec.needs_datastore else 0
+    options = [(d, plan(ctx.shape, ctx.hw, ctx.rt, method_extra(spec, ctx.rt.n_ctx, draft=d, datastore_bytes=store_bytes or 0)))
+               for d in candidates]
     scored = [(_speedup(ctx, spec, fit, d, plain), d, fit) for d, fit in options]
     (speedup, basis), draft, fit = max(scored, key=lambda s: (s[2].fits, s[0][0]))
     return Recommendation(

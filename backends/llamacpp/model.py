@@ -24,13 +24,15 @@ class LlamaModel:
     """Loaded weights and vocabulary. Close it (or use ``with``) to free the memory at once."""
 
     def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int = 0, use_mmap: bool = True,
-                 progress: Callable[[float], bool] | None = None) -> None:
-        """``progress(fraction)`` is called while the weights load; returning False cancels the load."""
+                 progress: Callable[[float], bool] | None = None, vocab_only: bool = False) -> None:
+        """``progress(fraction)`` is called while the weights load; returning False cancels the load.
+        ``vocab_only`` loads just the tokenizer (for tokenizing, e.g. building a datastore)."""
         self.path = check_gguf_file(path)
         lib = llama()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = use_mmap
+        params.vocab_only = vocab_only
         cancelled = False
         if progress is not None:
             def on_progress(fraction: float, _user_data: ctypes.c_void_p) -> bool:

@@ -1,0 +1,121 @@
+"""``rest``: retrieval-based drafting from a datastore of text the user chose (He et al., REST).
+
+Answers about a code base, a manual or earlier chats reuse its phrases. The longest suffix of the
+context that occurs in the datastore (``backends.models.datastore``) is looked up, and what
+followed its occurrences becomes a token tree: the trie of continuations, each node weighted by
+the share of occurrences passing through it. The most frequent nodes are verified in one forward;
+the target keeps the longest path it agrees with. No model runs to draft.
+
+Example: after ``def main(`` a Python datastore has continuations ``) :`` (60%), ``args )``
+(25%), ``argv )`` (15%): the tree holds ``)`` → ``:`` and ``args`` → ``)`` and so on.
+
+How many nodes to verify is the ``TreeSizer``'s call (measured verify costs against the
+predicted gain, calibrated by what was accepted). Lookups are free, so trees that were not worth
+verifying are scored against the text that followed (``TreeLedger``) to keep calibrating.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from backends.core.controller import TreeLedger, TreeSizer
+from backends.core.costs import CostModel
+from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.models.datastore import Continuations, Datastore
+
+
+@dataclass(frozen=True)
+class RESTSettings:
+    datastore: str = ""  # a file from `specdeck datastore build`
+    max_nodes: int = 16  # most tree nodes verified in one step
+    max_depth: int = 8  # deepest continuation read
+    max_match: int = 16  # longest context suffix looked up
+    min_match: int = 2  # shortest suffix that may still match (one token matches too much)
+    samples: int = 256  # occurrences read per lookup, evenly spaced
+    adaptive: bool = True  # False: always verify max_nodes nodes
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_nodes <= 64:
+            raise ValueError(f"max_nodes must be in 1..64, got {self.max_nodes}")
+        if not 1 <= self.max_depth <= 32:
+            raise ValueError(f"max_depth must be in 1..32, got {self.max_depth}")
+        if not 1 <= self.min_match <= self.max_match <= 64:
+            raise ValueError(f"need 1 <= min_match <= max_match <= 64, got {self.min_match}, {self.max_match}")
+        if not 1 <= self.samples <= 65536:
+            raise ValueError(f"samples must be in 1..65536, got {self.samples}")
+
+
+@dataclass(frozen=True)
+class RankedTree:
+    """Candidate nodes ranked best first (parents before children), as a proposal prefix takes them."""
+
+    tokens: np.ndarray  # [n] int32
+    parents: np.ndarray  # [n] int32, indices into this ranking (-1: root)
+    probs: np.ndarray  # [n] float64, share of occurrences through each node
+
+    def proposal(self, n: int) -> Proposal:
+        return Proposal(tuple(int(t) for t in self.tokens[:n]), tuple(int(p) for p in self.parents[:n]))
+
+
+def rank(cont: Continuations, max_depth: int) -> RankedTree:
+    """Order trie nodes by share, parents first; drop nodes deeper than ``max_depth``.
+
+    A child never has a larger count than its parent, and ties keep breadth-first order, so a
+    stable sort by count puts every parent before its children.
+    """
+    depth = np.zeros(len(cont.tokens), dtype=np.int32)
+    for i, parent in enumerate(cont.parents):
+        depth[i] = 1 if parent < 0 else depth[parent] + 1
+    keep = np.flatnonzero(depth <= max_depth)
+    order = keep[np.argsort(-cont.counts[keep], kind="stable")]
+    new_index = np.full(len(cont.tokens) + 1, -1, dtype=np.int32)
+    new_index[order] = np.arange(len(order), dtype=np.int32)
+    parents = np.where(cont.parents[order] < 0, -1, new_index[cont.parents[order]])
+    return RankedTree(cont.tokens[order], parents.astype(np.int32), cont.counts[order] / max(cont.total, 1))
+
+
+class RESTDrafter:
+    requires: frozenset[str] = frozenset({TREE})
+
+    def __init__(self, store: Datastore, settings: RESTSettings | None = None, *, costs: CostModel | None = None,
+                 sizer: TreeSizer | None = None) -> None:
+        self.store = store
+        self.settings = settings or RESTSettings()
+        costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
+        self.sizer = sizer or TreeSizer(costs, max_nodes=self.settings.max_nodes)
+        self.begin([])
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self._ledger = TreeLedger()
+        self._predicted = 0.0
+        self._context_len = len(prompt)
+
+    def lookup(self, context: Sequence[int]) -> RankedTree:
+        s = self.settings
+        cont = self.store.continuations(context, max_len=s.max_match, min_len=s.min_match, depth=s.max_depth,
+                                        samples=s.samples)
+        return rank(cont, s.max_depth)
+
+    def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
+        self._context_len = len(context)
+        for predicted, matched in self._ledger.resolve(context):
+            self.sizer.update(predicted, matched)
+        tree = self.lookup(context)
+        limit = min(len(tree.tokens), self.settings.max_nodes, budget.max_nodes)
+        if limit == 0 or budget.max_depth <= 0:
+            return EMPTY_PROPOSAL
+        n = self.sizer.choose(tree.probs[:limit], context=len(context)) if self.settings.adaptive else limit
+        if n == 0:
+            self._ledger.add(len(context), tree.tokens[:limit].tolist(), tree.parents[:limit].tolist(),
+                             float(tree.probs[:limit].sum()))
+            return EMPTY_PROPOSAL
+        self._predicted = float(tree.probs[:n].sum())
+        return tree.proposal(n)
+
+    def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        if verdict.drafted:
+            self.sizer.update(self._predicted, verdict.accepted)

@@ -1,0 +1,261 @@
+"""REST: the datastore index (suffix array, lookups, continuation tries), the tree sizer, and the
+drafter on the exact oracle (greedy output identical to plain decoding) and on a real model."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.core.controller import TreeLedger, TreeSizer
+from backends.core.costs import CostModel
+from backends.core.errors import SpecDeckError
+from backends.core.types import Budget, GenerationSettings, SamplingSettings
+from backends.drafters.rest import RESTDrafter, RESTSettings, rank
+from backends.models.datastore import (
+    Datastore,
+    DatastoreError,
+    source_texts,
+    suffix_array,
+    vocab_fingerprint,
+    write_datastore,
+)
+from backends.models.gguf_info import VocabInfo
+from tests.oracle import OracleTarget
+from tests.test_engine import COSTS, plain_greedy, run
+
+ORACLE_VOCAB = VocabInfo("oracle", 32, None, None, False, False, tuple(f"t{i}" for i in range(32)))
+
+
+def _store(tmp_path: Path, docs: list[list[int]], name: str = "store") -> Datastore:
+    out = tmp_path / f"{name}.sdstore"
+    write_datastore([(f"doc{i}", d) for i, d in enumerate(docs)], out, vocab=ORACLE_VOCAB, model_name="oracle")
+    return Datastore(out)
+
+
+# --- the index ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_suffix_array_sorts_every_suffix(seed):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, [2, 3, 40][seed % 3], size=int(rng.integers(1, 400))).astype(np.int32)
+    tokens[rng.random(len(tokens)) < 0.05] = -1 - seed  # separators
+    expected = sorted(range(len(tokens)), key=lambda i: tokens[i:].tolist())
+    assert suffix_array(tokens).tolist() == expected
+
+
+def _brute_continuations(docs: list[list[int]], pattern: list[int], depth: int) -> Counter:
+    """Every continuation prefix after every occurrence of ``pattern``, counted."""
+    counts: Counter = Counter()
+    for doc in docs:
+        for i in range(len(doc) - len(pattern) + 1):
+            if doc[i:i + len(pattern)] == pattern:
+                cont = doc[i + len(pattern):i + len(pattern) + depth]
+                for d in range(1, len(cont) + 1):
+                    counts[tuple(cont[:d])] += 1
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lookup_finds_the_longest_suffix_and_counts_its_continuations(tmp_path, seed):
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 4, size=int(rng.integers(5, 120))).tolist() for _ in range(4)]
+    store = _store(tmp_path, docs)
+    context = rng.integers(0, 4, size=12).tolist()
+    cont = store.continuations(context, max_len=8, min_len=1, depth=4, samples=10_000)
+    occurs = lambda m: any(d[i:i + m] == context[-m:] for d in docs for i in range(len(d) - m + 1))  # noqa: E731
+    longest = max((m for m in range(1, 9) if occurs(m)), default=0)
+    assert cont.matched == longest
+    expected = _brute_continuations(docs, context[-longest:], 4)
+    got: Counter = Counter()
+    paths: list[tuple[int, ...]] = []
+    for i, (tok, parent) in enumerate(zip(cont.tokens.tolist(), cont.parents.tolist())):
+        assert parent < i
+        paths.append((paths[parent] if parent >= 0 else ()) + (tok,))
+        got[paths[i]] = int(cont.counts[i])
+    assert got == expected
+    assert all(-1 not in p for p in paths)  # nothing runs across a document boundary
+
+
+def test_rank_puts_parents_first_and_shares_never_grow_down_the_tree(tmp_path):
+    docs = [[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 6, 1, 2, 3, 4]]
+    tree = rank(_store(tmp_path, docs).continuations([9, 1, 2], max_len=4, min_len=1, depth=3), max_depth=3)
+    assert tree.tokens[0] == 3 and tree.probs[0] == pytest.approx(3 / 4)  # 1 2 -> 3 three times of four
+    assert all(p < i for i, p in enumerate(tree.parents.tolist()))
+    assert all(tree.probs[i] <= tree.probs[p] for i, p in enumerate(tree.parents.tolist()) if p >= 0)
+    assert list(tree.probs) == sorted(tree.probs, reverse=True)
+
+
+def test_a_common_suffix_reads_a_bounded_sample(tmp_path):
+    store = _store(tmp_path, [[1, 2] * 5000])
+    cont = store.continuations([1], max_len=4, min_len=1, depth=3, samples=64)
+    assert cont.total == 64 and cont.counts[0] == 64
+
+
+# --- the tree sizer ------------------------------------------------------------------------------
+
+
+def test_sizer_takes_the_best_tree_and_nothing_that_loses():
+    flat = TreeSizer(CostModel.from_relative([1.0] * 17), max_nodes=16, prior=1.0)
+    assert flat.choose([0.9, 0.5, 0.2, 0.05], context=10) == 4  # free verification: take every node
+    linear = TreeSizer(CostModel.from_relative([1 + 0.25 * k for k in range(17)]), max_nodes=16, prior=1.0)
+    # speeds 1.52, 1.6, 1.57: two nodes
+    assert linear.choose([0.9, 0.5, 0.2], context=10) == 2
+    cliff = TreeSizer(CostModel.from_relative([1.0, 1.05, 1.1, 3.0, 3.0]), max_nodes=4, prior=1.0)
+    assert cliff.choose([0.9, 0.9, 0.9, 0.9], context=10) == 2
+    assert linear.choose([0.1, 0.05], context=10) == 0  # no size beats plain decoding
+    for probs in ([0.3, 0.1], [0.6, 0.2, 0.2, 0.1], [0.05] * 10):
+        n = linear.choose(probs, context=10)
+        assert n == 0 or linear.speedups(probs, context=10)[n] > 1.0
+
+
+def test_sizer_calibration_learns_from_outcomes():
+    sizer = TreeSizer(CostModel.from_relative([1.0, 1.3, 1.5]), max_nodes=2, prior=1.0)
+    assert sizer.choose([0.6, 0.3], context=1) == 2
+    for _ in range(30):
+        sizer.update(predicted=0.9, accepted=0)  # the datastore keeps being wrong
+    assert sizer.calibration < 0.2 and sizer.choose([0.6, 0.3], context=1) == 0
+
+
+def test_ledger_scores_a_withheld_tree_like_greedy_verification():
+    ledger = TreeLedger()
+    ledger.add(5, [7, 8, 9, 4], [-1, 0, 0, 2], predicted=1.2)  # 7 -> (8, 9 -> 4)
+    assert ledger.resolve([0] * 5 + [7, 9]) == []  # could still go deeper
+    assert ledger.resolve([0] * 5 + [7, 9, 4]) == [(1.2, 3)]
+    ledger.add(0, [1], [-1], predicted=0.5)
+    assert ledger.resolve([2]) == [(0.5, 0)]
+
+
+# --- the drafter on the oracle ------------------------------------------------------------------
+
+
+def _oracle_store(tmp_path: Path, oracle: OracleTarget, seed: int, sampling: SamplingSettings) -> Datastore:
+    """A datastore of the oracle's own answers to other prompts: what a user's chats would hold."""
+    rng = np.random.default_rng(1000 + seed)
+    docs = []
+    for _ in range(6):
+        prompt = rng.integers(0, oracle.n_vocab, size=int(rng.integers(3, 12))).tolist()
+        docs.append(prompt + plain_greedy(oracle, prompt, 64, sampling))
+    return _store(tmp_path, docs, name=f"oracle{seed}")
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_rest_output_equals_plain_greedy(tmp_path, penalty):
+    sampling = SamplingSettings(repeat_penalty=penalty)
+    settings = GenerationSettings(max_new_tokens=48, sampling=sampling)
+    drafted = 0
+    for seed in range(12):
+        oracle = OracleTarget(32, seed=seed)
+        store = _oracle_store(tmp_path, oracle, seed, sampling)
+        rng = np.random.default_rng(seed)
+        prompt = rng.integers(0, 32, size=int(rng.integers(3, 30))).tolist()
+        expected = plain_greedy(oracle, prompt, 48, sampling)
+        drafter = RESTDrafter(store, RESTSettings(min_match=1), costs=COSTS)
+        finished = run(oracle, drafter, prompt, settings, method="rest")
+        assert list(finished.tokens) == expected, f"rest diverged for seed {seed}"
+        assert finished.stats.forwards == oracle.verify_calls
+        drafted += finished.stats.drafted
+    assert drafted > 0
+
+
+def test_rest_speeds_up_text_the_datastore_holds(tmp_path):
+    sampling = SamplingSettings()
+    oracle = OracleTarget(32, seed=3)
+    prompt = [5, 9, 2, 7]
+    answer = plain_greedy(oracle, prompt, 64, sampling)
+    store = _store(tmp_path, [[1, 1] + prompt + answer])  # an earlier chat with the same question
+    drafter = RESTDrafter(store, RESTSettings(), costs=COSTS)
+    stats = run(oracle, drafter, prompt, GenerationSettings(max_new_tokens=64)).stats
+    assert stats.tau > 2.0 and stats.forwards < 32
+
+
+def test_trees_respect_the_budget(tmp_path):
+    oracle = OracleTarget(32, seed=1)
+    store = _oracle_store(tmp_path, oracle, 1, SamplingSettings())
+    drafter = RESTDrafter(store, RESTSettings(min_match=1, adaptive=False, max_nodes=16), costs=COSTS)
+    context = store.tokens[:10].tolist()
+    assert drafter.propose(context, Budget(max_nodes=16, max_depth=8)).size > 3
+    assert drafter.propose(context, Budget(max_nodes=3, max_depth=8)).size <= 3
+    assert drafter.propose(context, Budget(max_nodes=0, max_depth=8)).size == 0
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+
+def test_datastore_for_another_tokenizer_is_refused_with_the_reason(tmp_path, smollm_q4_path, gemma_path):
+    from backends.llamacpp.model import LlamaModel
+
+    with LlamaModel(smollm_q4_path, vocab_only=True) as smol, LlamaModel(gemma_path, vocab_only=True) as gemma:
+        out = tmp_path / "smol.sdstore"
+        write_datastore([("a", smol.tokenize("hello world, hello world", add_special=False))], out,
+                        vocab=smol.vocab_info, model_name=smol.name)
+        store = Datastore(out)
+        store.check_vocab(smol.vocab_info)
+        with pytest.raises(DatastoreError, match="built with the tokenizer of .*gpt2.*49152.*llama"):
+            store.check_vocab(gemma.vocab_info)
+        assert vocab_fingerprint(smol.vocab_info) != vocab_fingerprint(gemma.vocab_info)
+
+
+def test_empty_source_and_corrupt_files_are_clear_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatastoreError, match="holds no text files"):
+        source_texts(tmp_path / "empty")
+    with pytest.raises(DatastoreError, match="no tokens"):
+        write_datastore([("blank", [])], tmp_path / "x.sdstore", vocab=ORACLE_VOCAB, model_name="oracle")
+    garbage = tmp_path / "garbage.sdstore"
+    garbage.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    with pytest.raises(DatastoreError, match="corrupt"):
+        Datastore(garbage)
+    good = _store(tmp_path, [[1, 2, 3] * 100])
+    truncated = tmp_path / "truncated.sdstore"
+    truncated.write_bytes(good.path.read_bytes()[:-200])
+    with pytest.raises(DatastoreError, match="truncated"):
+        Datastore(truncated)
+    weights = tmp_path / "weights.safetensors"
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.zeros(4, np.float32)}, str(weights))
+    with pytest.raises(DatastoreError, match="not a SpecDeck datastore"):
+        Datastore(weights)
+    with pytest.raises(DatastoreError, match="not found"):
+        Datastore(tmp_path / "missing.sdstore")
+
+
+@pytest.mark.parametrize("bad", [dict(max_nodes=0), dict(max_nodes=65), dict(min_match=5, max_match=4),
+                                 dict(max_depth=0), dict(samples=0)])
+def test_settings_out_of_range_are_refused(bad):
+    with pytest.raises(ValueError):
+        RESTSettings(**bad)
+
+
+def test_rest_without_a_datastore_says_how_to_make_one(smollm_session):
+    with pytest.raises(SpecDeckError, match="specdeck datastore build"):
+        smollm_session.drafter("rest", SamplingSettings())
+
+
+# --- real models ---------------------------------------------------------------------------------
+
+
+def _text_store(tmp_path: Path, session) -> str:
+    """A datastore of this repository's README and engine code, tokenized by the session's model."""
+    from backends.models.datastore import build_datastore, read_sources
+
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "README.md", *sorted((root / "backends" / "core").glob("*.py"))]
+    out = tmp_path / f"{session.model.path.stem}.sdstore"
+    build_datastore(read_sources(files), out, tokenize=lambda t: session.model.tokenize(t, add_special=False),
+                    vocab=session.model.vocab_info, model_name=session.model.name)
+    return str(out)
+
+
+@pytest.mark.parametrize("model", ["smollm_session", "gemma_session"])
+def test_real_models_rest_matches_plain_greedy(tmp_path, request, model):
+    """Fixed tree sizes, so every step verifies and rolls back a real tree: identical output to
+    plain decoding, or a divergence at a near-tie of the target's logits."""
+    from tests.test_real_models import check_method_matches_ar
+
+    session = request.getfixturevalue(model)
+    check_method_matches_ar(session, "rest", {"adaptive": False, "max_nodes": 8, "datastore": _text_store(tmp_path, session)})
