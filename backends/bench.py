@@ -514,3 +514,35 @@ def write_csv(result: dict, path: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(result["records"])
+
+
+def held_out_prompts(path: Path, *, per_category: int, exclude_per_category: int) -> list[BenchPrompt]:
+    """``per_category`` prompts per category that a bench with ``--per-category
+    exclude_per_category`` does not evaluate (material for a datastore that must not contain the
+    evaluated answers)."""
+    evaluated = {p.question_id for p in load_prompts(path, per_category=exclude_per_category)}
+    everything = load_prompts(path, per_category=10**6)
+    by_cat: dict[str, list[BenchPrompt]] = {}
+    for p in everything:
+        if p.question_id not in evaluated:
+            by_cat.setdefault(p.category, []).append(p)
+    return [p for rows in by_cat.values() for p in rows[:per_category]]
+
+
+def write_answers(config: BenchConfig, out: Path, *, exclude_per_category: int, progress: TextIO = sys.stderr) -> int:
+    """The model's own greedy answers (every turn) to held-out Spec-Bench prompts, one JSONL line
+    per prompt: what a user's exported chats would give a REST datastore. Returns the count."""
+    prompts = held_out_prompts(config.prompts or default_prompts(), per_category=config.per_category,
+                               exclude_per_category=exclude_per_category)
+    gen = GenerationSettings(max_new_tokens=config.max_new_tokens, sampling=SamplingSettings())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with Session(SessionConfig(model=config.model, n_ctx=config.n_ctx, n_threads=config.n_threads)) as session, \
+            out.open("w") as f:
+        runner = EngineRunner(session, "ar", {})
+        for i, prompt in enumerate(prompts, 1):
+            runs = play(runner, session, prompt, gen)
+            f.write(json.dumps({"question_id": prompt.question_id, "category": prompt.category,
+                                "turns": [r.text for r in runs]}) + "\n")
+            print(f"\r  answered {i} of {len(prompts)}", end="", file=progress, flush=True)
+    print(file=progress)
+    return len(prompts)

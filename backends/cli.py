@@ -132,6 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     sbuild.add_argument("--out", type=Path, required=True, help="the datastore file to write")
     sinfo = ssub.add_parser("info", help="what a datastore holds and which tokenizer it was built with")
     sinfo.add_argument("file", type=Path)
+    sans = ssub.add_parser("answers", help="the model's own answers to held-out Spec-Bench prompts, as JSONL "
+                                           "(a datastore source that a bench does not evaluate)")
+    sans.add_argument("--model", default="smollm2-135m-f16")
+    sans.add_argument("--per-category", type=int, default=34)
+    sans.add_argument("--exclude-per-category", type=int, default=10,
+                      help="leave out the prompts `specdeck bench --per-category N` evaluates")
+    sans.add_argument("--max-new-tokens", type=int, default=256)
+    sans.add_argument("--prompts", type=Path, default=None)
+    sans.add_argument("--out", type=Path, required=True)
     add_hardware_commands(sub)
     return parser
 
@@ -245,6 +254,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_datastore(args: argparse.Namespace) -> int:
     from backends.models.datastore import Datastore, build_datastore, read_sources, source_texts
 
+    if args.datastore_command == "answers":
+        from backends.bench import BenchConfig, write_answers
+
+        config = BenchConfig(model=args.model, methods=("ar",), prompts=args.prompts, per_category=args.per_category,
+                             max_new_tokens=args.max_new_tokens)
+        count = write_answers(config, args.out, exclude_per_category=args.exclude_per_category)
+        print(f"{args.out}: {count} answers", file=sys.stderr)
+        return 0
     if args.datastore_command == "info":
         store = Datastore(args.file)
         meta = store.meta
@@ -292,8 +309,8 @@ def _with_datastore(settings: dict[str, dict], datastore: str | None) -> dict[st
 
     if datastore:
         for name, spec in REGISTRY.items():
-            if spec.needs_datastore:
-                settings.setdefault(name, {}).setdefault("datastore", datastore)
+            if spec.datastore_field:
+                settings.setdefault(name, {}).setdefault(spec.datastore_field, datastore)
     return settings
 
 

@@ -111,7 +111,8 @@ class Session:
     # -- answering -----------------------------------------------------------------------------
     def drafter(self, method: str, sampling: SamplingSettings, **settings: Any) -> Drafter:
         spec = method_spec(method)
-        missing = spec.requires - self.offers
+        chosen = spec.settings(**settings)
+        missing = spec.requirements(chosen) - self.offers
         if missing:
             raise SpecDeckError(f"{method} needs {describe(missing)}, which this session does not have")
         resources = DrafterResources(
@@ -123,7 +124,7 @@ class Session:
             memory=self._memory,
             vocab=self.model.vocab_info,
         )
-        drafter = spec.build(spec.settings(**settings), resources)
+        drafter = spec.build(chosen, resources)
         missing = drafter.requires - self.target.offers
         if missing:
             raise SpecDeckError(f"{method} with these settings needs {describe(missing)}")

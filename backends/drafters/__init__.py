@@ -20,6 +20,7 @@ from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
 from backends.drafters.rest import RESTDrafter, RESTSettings
+from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings
 from backends.models.datastore import Datastore
 from backends.models.gguf_info import VocabInfo
 
@@ -82,11 +83,18 @@ class MethodSpec:
     prior_acceptance: Mapping[str, float] = field(default_factory=dict)
     prior_draft: int = 0
     pool_bytes: Callable[[int], int] = _no_pool
+    datastore_field: str | None = None  # the setting naming a REST datastore, if the method takes one
+    datastore_required: bool = False
+    # What a session must offer for these settings; ``requires`` is the answer for the defaults.
+    requires_for: Callable[[Any], frozenset[str]] | None = None
+
+    def requirements(self, settings: Any) -> frozenset[str]:
+        return self.requires if self.requires_for is None else self.requires_for(settings)
 
     @property
     def needs_datastore(self) -> bool:
-        """Methods that retrieve drafts from a datastore have a ``datastore`` setting."""
-        return any(f.name == "datastore" for f in fields(self.settings_type))
+        """The method cannot run without a REST datastore."""
+        return self.datastore_field is not None and self.datastore_required
 
     def settings(self, **overrides: Any) -> Any:
         """Settings from keyword overrides; unknown names are a clear error."""
@@ -136,10 +144,54 @@ def _build_rest(settings: RESTSettings, res: DrafterResources) -> Drafter:
     return drafter
 
 
+def _specinfer_requires(settings: SpecInferSettings) -> frozenset[str]:
+    return frozenset({TREE}).union(*(method_spec(n).requires for n in settings.names))
+
+
+def _build_specinfer(settings: SpecInferSettings, res: DrafterResources) -> Drafter:
+    subs = []
+    for name in settings.names:
+        spec = method_spec(name)
+        overrides: dict[str, Any] = {spec.datastore_field: settings.rest_datastore} if spec.datastore_field else {}
+        if not settings.adaptive and any(f.name == "adaptive" for f in fields(spec.settings_type)):
+            overrides["adaptive"] = False
+        subs.append(spec.build(spec.settings(**overrides), res))
+    return SpecInferDrafter(subs, costs=res.costs())
+
+
+@dataclass(frozen=True)
+class AutoSettings:
+    datastore: str = ""  # a REST datastore to draft from as well (optional)
+
+
+def _auto_names(settings: AutoSettings, res: DrafterResources) -> list[str]:
+    """Every drafter this session can run: prompt lookup always, a draft model and a datastore
+    when there is one."""
+    return ["pld"] + (["draft"] if res.draft is not None else []) + (["rest"] if settings.datastore else [])
+
+
+def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
+    names = _auto_names(settings, res)
+    if len(names) == 1:
+        return _build_pld(PLDSettings(), res)
+    return _build_specinfer(SpecInferSettings(drafters=",".join(names), rest_datastore=settings.datastore), res)
+
+
 REGISTRY: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
         MethodSpec("ar", "plain decoding, one token per forward: the baseline", ARSettings, lambda s, r: ARDrafter(s)),
+        MethodSpec(
+            "auto",
+            "every drafter this session has (prompt lookup, the draft model, a datastore) merged into one tree; "
+            "each drafts only when its measured costs and acceptance say it pays",
+            AutoSettings,
+            _build_auto,
+            prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.6, "code": 0.6, "rag": 0.55}),
+            prior_draft=8,
+            pool_bytes=PLDDrafter.pool_bytes,
+            datastore_field="datastore",
+        ),
         MethodSpec(
             "pld",
             "prompt lookup: no extra memory, best when the answer repeats the prompt (summaries, code edits, RAG)",
@@ -166,6 +218,20 @@ REGISTRY: dict[str, MethodSpec] = {
             requires=frozenset({TREE}),
             prior_acceptance=MappingProxyType({"chat": 0.25, "summarize": 0.25, "code": 0.4, "rag": 0.3}),
             prior_draft=4,
+            datastore_field="datastore",
+            datastore_required=True,
+        ),
+        MethodSpec(
+            "specinfer",
+            "several drafters at once (by default a draft model and prompt lookup), merged into one token tree",
+            SpecInferSettings,
+            _build_specinfer,
+            requires=frozenset({TREE, DRAFT_MODEL}),
+            requires_for=_specinfer_requires,
+            prior_acceptance=MappingProxyType({"chat": 0.6, "summarize": 0.7, "code": 0.7, "rag": 0.7}),
+            prior_draft=8,
+            pool_bytes=PLDDrafter.pool_bytes,
+            datastore_field="rest_datastore",
         ),
     )
 }

@@ -1,0 +1,142 @@
+"""SpecInfer: merging several drafters' proposals into one tree, exact on the oracle, lossless
+when sampling with several sampled drafts, and on a real model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.core.acceptance import accept_stochastic
+from backends.core.types import GenerationSettings, Proposal, SamplingSettings, TargetOutput, Verdict
+from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
+from backends.drafters.pld import PLDDrafter, PLDSettings
+from backends.drafters.rest import RESTDrafter, RESTSettings
+from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings, merge, project
+from tests.oracle import OracleTarget
+from tests.test_engine import CHEAP_DRAFT, COSTS, plain_greedy, run
+from tests.test_rest import _oracle_store
+
+
+def test_merge_shares_agreeing_prefixes_and_branches_where_drafts_differ():
+    pld = Proposal.chain([5, 6, 7])
+    draft = Proposal.chain([5, 9])
+    tree = merge([pld, draft])
+    assert tree.proposal.tokens == (5, 6, 7, 9) and tree.proposal.parents == (-1, 0, 1, 0)
+    assert tree.maps == ((0, 1, 2), (0, 3))
+    verdict = Verdict(path=(0, 3), tokens=(5, 9, 4), drafted=4, draft_depth=3)  # the target said 5 9 4
+    assert project(verdict, pld, tree.maps[0]).path == (0,)
+    assert project(verdict, draft, tree.maps[1]).path == (0, 1)
+    assert project(verdict, draft, tree.maps[1]).tokens == (5, 9, 4)  # every drafter follows the text
+
+
+def test_sampled_nodes_are_never_merged():
+    q = np.full(8, 1 / 8)
+    sampled = Proposal.chain([3, 4], draft_probs=[q, q])
+    lookup = Proposal.chain([3, 5])
+    tree = merge([sampled, lookup])
+    assert tree.proposal.tokens == (3, 4, 3, 5)  # the one-hot 3 does not merge into the sampled 3
+    assert tree.proposal.parents == (-1, 0, -1, 2)
+    twice = merge([lookup, Proposal.chain([3, 5, 6])])
+    assert twice.proposal.tokens == (3, 5, 6)  # one-hot copies merge
+
+
+def _drafters(oracle: OracleTarget, seed: int, sampling: SamplingSettings, store=None):
+    draft_oracle = OracleTarget(oracle.n_vocab, seed=seed, perturb=1.5, perturb_seed=seed + 100, n_ctx=oracle.n_ctx)
+    subs = [
+        DraftModelDrafter(draft_oracle, DraftSettings(min_confidence=0.2), sampling=sampling,
+                          target_vocab=oracle.n_vocab, costs=COSTS, draft_costs=CHEAP_DRAFT),
+        PLDDrafter(PLDSettings(), costs=COSTS),
+    ]
+    if store is not None:
+        subs.append(RESTDrafter(store, RESTSettings(min_match=1), costs=COSTS))
+    return SpecInferDrafter(subs, costs=COSTS)
+
+
+@pytest.mark.parametrize("with_rest", [False, True])
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_specinfer_output_equals_plain_greedy(tmp_path, penalty, with_rest):
+    sampling = SamplingSettings(repeat_penalty=penalty)
+    settings = GenerationSettings(max_new_tokens=48, sampling=sampling)
+    merged_steps = 0
+    for seed in range(10):
+        oracle = OracleTarget(32, seed=seed)
+        store = _oracle_store(tmp_path, oracle, seed, sampling) if with_rest else None
+        rng = np.random.default_rng(seed)
+        prompt = rng.integers(0, 32, size=int(rng.integers(3, 40))).tolist()
+        expected = plain_greedy(oracle, prompt, 48, sampling)
+        finished = run(oracle, _drafters(oracle, seed, sampling, store), prompt, settings, method="specinfer")
+        assert list(finished.tokens) == expected, f"specinfer diverged for seed {seed}"
+        assert finished.stats.forwards == oracle.verify_calls
+        merged_steps += finished.stats.drafted
+    assert merged_steps > 0
+
+
+def test_specinfer_drafts_at_least_what_each_drafter_would():
+    oracle = OracleTarget(32, seed=4)
+    prompt = list(range(20)) * 2
+    sampling = SamplingSettings()
+    merged = run(oracle, _drafters(oracle, 4, sampling), prompt, GenerationSettings(max_new_tokens=64)).stats
+    pld = run(OracleTarget(32, seed=4), PLDDrafter(PLDSettings(), costs=COSTS), prompt,
+              GenerationSettings(max_new_tokens=64)).stats
+    assert merged.tau >= pld.tau * 0.95 and merged.tau > 1.2
+
+
+def test_tree_sampler_with_several_sampled_drafts_keeps_the_target_distribution():
+    """Multi-step speculative sampling at one node with two sampled drafts and a one-hot lookup
+    guess (duplicates included): the first emitted token follows p exactly."""
+    rng = np.random.default_rng(0)
+    vocab = 6
+    p_logits = rng.normal(size=vocab)
+    p = np.exp(p_logits) / np.exp(p_logits).sum()
+    q1 = np.array([0.5, 0.2, 0.1, 0.1, 0.05, 0.05])
+    q2 = np.array([0.05, 0.05, 0.1, 0.1, 0.2, 0.5])
+    logits = np.tile(p_logits.astype(np.float32), (5, 1))
+    counts = np.zeros(vocab)
+    trials = 60_000
+    sampling = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    for _ in range(trials):
+        x1, x2 = rng.choice(vocab, p=q1), rng.choice(vocab, p=q2)
+        prop = merge([Proposal.chain([x1], draft_probs=[q1]), Proposal.chain([x2], draft_probs=[q2]),
+                      Proposal.chain([2]), Proposal.chain([2])]).proposal
+        out = TargetOutput(logits[: 1 + prop.size])
+        verdict = accept_stochastic(out, prop, settings=sampling, history=[0], rng=rng)
+        counts[verdict.tokens[0]] += 1
+    freq = counts / trials
+    assert np.abs(freq - p).max() < 0.01, (freq, p)
+
+
+@pytest.mark.parametrize("bad", ["", "ar,pld", "pld,pld", "specinfer", "a,b,c,d,e"])
+def test_bad_drafter_lists_are_refused(bad):
+    with pytest.raises(ValueError):
+        SpecInferSettings(drafters=bad)
+
+
+def test_specinfer_without_a_draft_model_says_what_to_do(smollm_q4_path):
+    from backends.core.errors import SpecDeckError
+    from backends.factory import Session, SessionConfig
+
+    with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as alone:
+        with pytest.raises(SpecDeckError, match="needs a draft model"):
+            alone.drafter("specinfer", SamplingSettings())
+        alone.drafter("specinfer", SamplingSettings(), drafters="pld")  # without one, other drafters work
+
+
+def test_real_model_specinfer_matches_plain_greedy(smollm_session):
+    from tests.test_real_models import check_method_matches_ar
+
+    check_method_matches_ar(smollm_session, "specinfer", {"adaptive": False})
+
+
+def test_auto_merges_every_drafter_the_session_has(smollm_session, smollm_q4_path, tmp_path):
+    from backends.drafters.pld import PLDDrafter
+    from backends.factory import Session, SessionConfig
+    from tests.test_rest import _text_store
+
+    merged = smollm_session.drafter("auto", SamplingSettings())
+    assert isinstance(merged, SpecInferDrafter)
+    assert [type(d).__name__ for d in merged.drafters] == ["PLDDrafter", "DraftModelDrafter"]
+    store = _text_store(tmp_path, smollm_session)
+    with_rest = smollm_session.drafter("auto", SamplingSettings(), datastore=store)
+    assert [type(d).__name__ for d in with_rest.drafters] == ["PLDDrafter", "DraftModelDrafter", "RESTDrafter"]
+    with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as alone:
+        assert isinstance(alone.drafter("auto", SamplingSettings()), PLDDrafter)
