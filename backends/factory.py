@@ -80,6 +80,11 @@ class Session:
         if self.draft_target is not None:
             self.draft_target.reset()
 
+    @property
+    def memory(self) -> dict:
+        """What drafters learned in this session (acceptance statistics, bandits), by key."""
+        return self._memory
+
     # -- capabilities and costs ----------------------------------------------------------------
     @property
     def offers(self) -> frozenset[str]:

@@ -1,7 +1,8 @@
 """A settings form generated from a method's settings dataclass, so a new method needs no GUI code.
 
 Each field becomes an editor by its type (int: spin box, float: decimal spin box, bool: check box,
-anything else: a line edit); the dataclass's own ``__post_init__`` validation decides what is
+anything else: a line edit, with a "..." file chooser when the field's metadata names a file
+filter, e.g. ``field(default="", metadata={"file": "Datastores (*.sdstore)"})``); the dataclass's own ``__post_init__`` validation decides what is
 accepted, and its message is shown under the form instead of a crash.
 """
 
@@ -12,7 +13,18 @@ import typing
 from typing import Any
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox, QFormLayout, QLabel, QLineEdit, QSpinBox, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QWidget,
+)
 
 
 class DataclassForm(QWidget):
@@ -30,7 +42,8 @@ class DataclassForm(QWidget):
             editor = self._editor(hints.get(f.name, str), getattr(defaults, f.name))
             editor.setObjectName(f"setting_{f.name}")
             self.editors[f.name] = editor
-            layout.addRow(f.name.replace("_", " "), editor)
+            row = self._with_chooser(editor, f.metadata["file"]) if "file" in f.metadata else editor
+            layout.addRow(f.name.replace("_", " "), row)
         self.error = QLabel()
         self.error.setWordWrap(True)
         self.error.setStyleSheet("color: #c0392b")
@@ -59,6 +72,23 @@ class DataclassForm(QWidget):
         line = QLineEdit("" if value is None else str(value))
         line.textChanged.connect(self.changed)
         return line
+
+    def _with_chooser(self, line: QWidget, file_filter: str) -> QWidget:
+        """The line edit plus a button that fills it from a file dialog."""
+        row = QWidget()
+        box = QHBoxLayout(row)
+        box.setContentsMargins(0, 0, 0, 0)
+        button = QPushButton("...")
+        button.setToolTip("Choose a file")
+        button.clicked.connect(lambda: self._choose(line, file_filter))
+        box.addWidget(line, 1)
+        box.addWidget(button)
+        return row
+
+    def _choose(self, line: QLineEdit, file_filter: str) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Choose a file", line.text(), file_filter)
+        if path:
+            line.setText(path)
 
     def values(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

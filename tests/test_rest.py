@@ -83,7 +83,7 @@ def test_lookup_finds_the_longest_suffix_and_counts_its_continuations(tmp_path, 
 def test_rank_puts_parents_first_and_shares_never_grow_down_the_tree(tmp_path):
     docs = [[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 6, 1, 2, 3, 4]]
     tree = rank(_store(tmp_path, docs).continuations([9, 1, 2], max_len=4, min_len=1, depth=3), max_depth=3)
-    assert tree.tokens[0] == 3 and tree.probs[0] == pytest.approx(3 / 4)  # 1 2 -> 3 three times of four
+    assert tree.tokens[0] == 3 and tree.probs[0] == pytest.approx(3 / 5)  # 1 2 -> 3 three times of four, smoothed
     assert all(p < i for i, p in enumerate(tree.parents.tolist()))
     assert all(tree.probs[i] <= tree.probs[p] for i, p in enumerate(tree.parents.tolist()) if p >= 0)
     assert list(tree.probs) == sorted(tree.probs, reverse=True)
@@ -117,16 +117,17 @@ def test_sizer_calibration_learns_from_outcomes():
     assert sizer.choose([0.6, 0.3], context=1) == 2
     for _ in range(30):
         sizer.update(predicted=0.9, accepted=0)  # the datastore keeps being wrong
-    assert sizer.calibration < 0.2 and sizer.choose([0.6, 0.3], context=1) == 0
+    assert sizer.calibration() < 0.2 and sizer.choose([0.6, 0.3], context=1) == 0
+    assert sizer.calibration("long matches") == 1.0  # another bucket has learned nothing yet
 
 
 def test_ledger_scores_a_withheld_tree_like_greedy_verification():
     ledger = TreeLedger()
     ledger.add(5, [7, 8, 9, 4], [-1, 0, 0, 2], predicted=1.2)  # 7 -> (8, 9 -> 4)
     assert ledger.resolve([0] * 5 + [7, 9]) == []  # could still go deeper
-    assert ledger.resolve([0] * 5 + [7, 9, 4]) == [(1.2, 3)]
-    ledger.add(0, [1], [-1], predicted=0.5)
-    assert ledger.resolve([2]) == [(0.5, 0)]
+    assert ledger.resolve([0] * 5 + [7, 9, 4]) == [(1.2, 3, None)]
+    ledger.add(0, [1], [-1], predicted=0.5, bucket=2)
+    assert ledger.resolve([2]) == [(0.5, 0, 2)]
 
 
 # --- the drafter on the oracle ------------------------------------------------------------------

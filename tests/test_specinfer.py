@@ -140,3 +140,55 @@ def test_auto_merges_every_drafter_the_session_has(smollm_session, smollm_q4_pat
     assert [type(d).__name__ for d in with_rest.drafters] == ["PLDDrafter", "DraftModelDrafter", "RESTDrafter"]
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as alone:
         assert isinstance(alone.drafter("auto", SamplingSettings()), PLDDrafter)
+
+
+def test_merged_tree_is_cut_to_what_pays_and_drafters_only_book_verified_nodes():
+    from backends.drafters.specinfer import select
+
+    class Sure:  # a drafter that is confident in its first two tokens only
+        def path_probs(self, proposal):
+            return [0.9, 0.8, 0.05, 0.01][: proposal.size]
+
+    class Unsure:
+        def path_probs(self, proposal):
+            return [0.1, 0.02][: proposal.size]
+
+    from backends.drafters.specinfer import merged_path_probs
+
+    props = [Proposal.chain([5, 6, 7, 8]), Proposal.chain([5, 9])]
+    tree = merge(props)
+    probs = merged_path_probs([Sure(), Unsure()], props, tree)
+    assert probs.tolist() == [0.9, 0.8, 0.05, 0.01, 0.02]  # the shared first node takes the higher estimate
+    cut = select(tree, [0, 1])
+    assert cut.proposal.tokens == (5, 6) and cut.maps == ((0, 1, -1, -1), (0, -1))
+    verdict = Verdict(path=(0, 1), tokens=(5, 6, 3), drafted=2, draft_depth=2)
+    seen = project(verdict, props[0], cut.maps[0])
+    assert seen.path == (0, 1) and seen.drafted == 2 and seen.draft_depth == 2  # 7 and 8 were never checked
+    other = project(verdict, props[1], cut.maps[1])
+    assert other.path == (0,) and other.drafted == 1
+
+
+def test_a_sizer_that_sees_expensive_verification_keeps_only_the_likely_nodes():
+    from backends.core.costs import CostModel
+
+    cpu = CostModel.from_relative([1.0, 1.3, 1.5, 2.4, 2.6, 3.0, 3.2, 3.4, 3.6])
+
+    class Sure:
+        def path_probs(self, proposal):
+            return [0.95, 0.9, 0.1, 0.05][: proposal.size]
+
+        def propose(self, context, budget):
+            return Proposal.chain([5, 6, 7, 8])
+
+        def observe(self, out, verdict):
+            self.seen = verdict
+
+        def begin(self, prompt):
+            pass
+
+        requires = frozenset()
+
+    from backends.core.types import Budget
+
+    merged = SpecInferDrafter([Sure()], costs=cpu)
+    assert merged.propose([1, 2, 3], Budget(max_nodes=64, max_depth=64)).tokens == (5, 6)

@@ -163,6 +163,16 @@ class ShadowLedger:
         return done
 
 
+def chain_path_probs(acceptance: Sequence[float], n: int) -> list[float]:
+    """Chance that each of the first ``n`` chain positions is accepted: running products of the
+    per-position conditional acceptance (positions past the estimates reuse the last one)."""
+    out, survive = [], 1.0
+    for d in range(n):
+        survive *= acceptance[min(d, len(acceptance) - 1)] if acceptance else 0.0
+        out.append(survive)
+    return out
+
+
 def cost_at(relative: Sequence[float], n: int) -> float:
     """Relative cost of verifying ``n`` nodes; past the measured curve, grown linearly from its end."""
     k_max = len(relative) - 1
@@ -177,9 +187,10 @@ class TreeSizer:
     datastore's continuations that pass through it). Nodes are ranked by ``p`` with parents before
     children, so the best tree of ``n`` nodes is the first ``n``. Verifying them emits on average
     ``E(n) = 1 + sum(min(1, c * p_i) for i < n)`` tokens, where ``c`` is a calibration learned
-    online (accepted tokens over predicted ones, with exponential forgetting), and costs
-    ``cost[n]`` forwards: ``choose`` maximizes ``E(n) / cost[n]`` and returns 0 unless the best
-    beats plain decoding by ``min_gain``.
+    online per ``bucket`` (accepted tokens over predicted ones, with exponential forgetting; REST
+    keeps one per length of the matched suffix, since a long match predicts far better than a
+    two-token one), and costs ``cost[n]`` forwards: ``choose`` maximizes ``E(n) / cost[n]`` and
+    returns 0 unless the best beats plain decoding by ``min_gain``.
 
     Example: cost ``[1, 1.3, 1.5]``, ``p = [0.6, 0.3]``, ``c = 1``: speeds 1, 1.23, 1.27: two nodes.
     """
@@ -190,58 +201,59 @@ class TreeSizer:
         self.max_nodes = max_nodes
         self.min_gain = min_gain
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self._accepted = 0.0
-        self._predicted = 0.0
+        self._sums: dict[Hashable, list[float]] = {}  # bucket -> [accepted, predicted]
 
-    @property
-    def calibration(self) -> float:
+    def calibration(self, bucket: Hashable = None) -> float:
         """Accepted tokens per predicted one, smoothed toward ``prior`` (deliberately below 1:
         an estimate from a handful of continuations flatters itself)."""
-        return (self._accepted + self.prior * self.prior_weight) / (self._predicted + self.prior_weight)
+        accepted, predicted = self._sums.get(bucket, (0.0, 0.0))
+        return (accepted + self.prior * self.prior_weight) / (predicted + self.prior_weight)
 
-    def speedups(self, probs: Sequence[float], *, context: int) -> list[float]:
+    def speedups(self, probs: Sequence[float], *, context: int, bucket: Hashable = None) -> list[float]:
         """Expected speed relative to plain decoding of verifying the first n = 0..len nodes."""
-        cost, c = self.costs.relative(context), self.calibration
+        cost, c = self.costs.relative(context), self.calibration(bucket)
         out, expected = [1.0], 1.0
         for n, p in enumerate(probs[: self.max_nodes], start=1):
             expected += min(1.0, c * p)
             out.append(expected / cost_at(cost, n))
         return out
 
-    def choose(self, probs: Sequence[float], *, context: int) -> int:
-        speeds = self.speedups(probs, context=context)
+    def choose(self, probs: Sequence[float], *, context: int, bucket: Hashable = None) -> int:
+        speeds = self.speedups(probs, context=context, bucket=bucket)
         best = max(range(len(speeds)), key=speeds.__getitem__)
         return best if speeds[best] > self.min_gain else 0
 
-    def update(self, predicted: float, accepted: int) -> None:
+    def update(self, predicted: float, accepted: int, bucket: Hashable = None) -> None:
         """One verified (or shadow-scored) tree: how many tokens it was predicted to and did yield."""
-        self._accepted = self._accepted * self.decay + accepted
-        self._predicted = self._predicted * self.decay + predicted
+        sums = self._sums.setdefault(bucket, [0.0, 0.0])
+        sums[0] = sums[0] * self.decay + accepted
+        sums[1] = sums[1] * self.decay + predicted
 
 
 class TreeLedger:
     """Trees that were not verified, scored against the text the target went on to produce.
 
     ``add(start, tokens, parents, probs)`` records a candidate tree for ``context[start:]``;
-    ``resolve(context)`` returns ``(predicted, matched)`` for each tree the context now settles,
+    ``resolve(context)`` returns ``(predicted, matched, bucket)`` for each tree the context now settles,
     where ``matched`` is the depth of the deepest node whose path the text followed: exactly what
     greedy verification would have accepted.
     """
 
     def __init__(self) -> None:
-        self._open: list[tuple[int, tuple[int, ...], tuple[int, ...], float, int]] = []
+        self._open: list[tuple[int, tuple[int, ...], tuple[int, ...], float, int, Hashable]] = []
 
-    def add(self, start: int, tokens: Sequence[int], parents: Sequence[int], predicted: float) -> None:
+    def add(self, start: int, tokens: Sequence[int], parents: Sequence[int], predicted: float,
+            bucket: Hashable = None) -> None:
         if tokens:
             depth = [0] * len(tokens)
             for i, parent in enumerate(parents):
                 depth[i] = 1 if parent < 0 else depth[parent] + 1
-            self._open.append((start, tuple(tokens), tuple(parents), predicted, max(depth)))
+            self._open.append((start, tuple(tokens), tuple(parents), predicted, max(depth), bucket))
 
-    def resolve(self, context: Sequence[int]) -> list[tuple[float, int]]:
+    def resolve(self, context: Sequence[int]) -> list[tuple[float, int, Hashable]]:
         done, still_open = [], []
         for item in self._open:
-            start, tokens, parents, predicted, depth = item
+            start, tokens, parents, predicted, depth, bucket = item
             seen = context[start : start + depth]
             matched, node, settled = 0, -1, False
             while True:
@@ -254,7 +266,7 @@ class TreeLedger:
                     break
                 node, matched = child, matched + 1
             if settled:
-                done.append((predicted, matched))
+                done.append((predicted, matched, bucket))
             else:
                 still_open.append(item)
         self._open = still_open

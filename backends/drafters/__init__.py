@@ -18,10 +18,11 @@ from backends.core.protocols import Drafter, Target
 from backends.core.types import HIDDEN_STATES, TREE, SamplingSettings
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
+from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
 from backends.drafters.rest import RESTDrafter, RESTSettings
 from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings
-from backends.models.datastore import Datastore
+from backends.models.datastore import DATASTORE_FILE, Datastore
 from backends.models.gguf_info import VocabInfo
 
 DRAFT_MODEL = "draft_model"  # a requirement: a compatible draft model is loaded
@@ -144,6 +145,12 @@ def _build_rest(settings: RESTSettings, res: DrafterResources) -> Drafter:
     return drafter
 
 
+def _build_lookahead(settings: LookaheadSettings, res: DrafterResources) -> Drafter:
+    drafter = LookaheadDrafter(settings, costs=res.costs(), bandit=res.memory.get(("lookahead", settings)))
+    res.memory[("lookahead", settings)] = drafter.bandit  # what it measured carries over to the next answer
+    return drafter
+
+
 def _specinfer_requires(settings: SpecInferSettings) -> frozenset[str]:
     return frozenset({TREE}).union(*(method_spec(n).requires for n in settings.names))
 
@@ -156,12 +163,14 @@ def _build_specinfer(settings: SpecInferSettings, res: DrafterResources) -> Draf
         if not settings.adaptive and any(f.name == "adaptive" for f in fields(spec.settings_type)):
             overrides["adaptive"] = False
         subs.append(spec.build(spec.settings(**overrides), res))
-    return SpecInferDrafter(subs, costs=res.costs())
+    drafter = SpecInferDrafter(subs, costs=res.costs(), sizer=res.memory.get(("specinfer", tuple(settings.names))))
+    res.memory[("specinfer", tuple(settings.names))] = drafter.sizer  # its calibration carries over
+    return drafter
 
 
 @dataclass(frozen=True)
 class AutoSettings:
-    datastore: str = ""  # a REST datastore to draft from as well (optional)
+    datastore: str = field(default="", metadata=DATASTORE_FILE)  # a REST datastore to draft from as well (optional)
 
 
 def _auto_names(settings: AutoSettings, res: DrafterResources) -> list[str]:
@@ -220,6 +229,17 @@ REGISTRY: dict[str, MethodSpec] = {
             prior_draft=4,
             datastore_field="datastore",
             datastore_required=True,
+        ),
+        MethodSpec(
+            "lookahead",
+            "Jacobi iteration plus an n-gram pool: no draft model, no extra memory to speak of; "
+            "pays where verifying many tokens at once is cheap (GPUs)",
+            LookaheadSettings,
+            _build_lookahead,
+            requires=frozenset({TREE}),
+            prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.45, "code": 0.45, "rag": 0.4}),
+            prior_draft=6,
+            pool_bytes=PLDDrafter.pool_bytes,
         ),
         MethodSpec(
             "specinfer",

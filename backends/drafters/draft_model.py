@@ -25,6 +25,7 @@ from backends.core.controller import AcceptanceStats, LengthController
 from backends.core.costs import CostModel
 from backends.core.protocols import Target
 from backends.core.sampling import make_rng, sample_token, target_distribution
+from backends.core.tree import tree_depths
 from backends.core.types import TREE, Budget, Proposal, SamplingSettings, TargetOutput, Verdict
 
 _TAKE_ALL = Verdict(path=(), tokens=(0,), drafted=0, draft_depth=0)
@@ -144,6 +145,21 @@ class DraftModelDrafter:
         has_q = any(q is not None for q in probs)
         return Proposal(tuple(tokens), tuple(parents), tuple(probs) if has_q else None)
 
+    def path_probs(self, proposal: Proposal) -> list[float]:
+        """Estimated chance the target accepts each node's path (used when merged with others):
+        chain nodes from the controller's per-position acceptance; a runner-up leaf gets a share
+        of what its chain sibling leaves over (a guess, kept low)."""
+        acceptance = self.controller.acceptance()
+        depths = tree_depths(proposal.parents)
+        probs: list[float] = []
+        chain_child: set[int] = set()  # parents whose first (chain) child has been seen
+        for i, parent in enumerate(proposal.parents):
+            reach = 1.0 if parent < 0 else probs[parent]
+            a = acceptance[min(int(depths[i]) - 1, len(acceptance) - 1)]
+            probs.append(reach * a if parent not in chain_child else reach * (1.0 - a) * 0.3)
+            chain_child.add(parent)
+        return probs
+
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)
         if verdict.drafted:
@@ -197,3 +213,4 @@ class DraftModelDrafter:
         top = np.argpartition(row, -(want + 1))[-(want + 1) :]
         top = top[np.argsort(-row[top])]
         return [int(t) for t in top if t != chosen and t < self.target_vocab][:want]
+

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from backends.core.controller import AcceptanceStats, LengthController, ShadowLedger
+from backends.core.controller import AcceptanceStats, LengthController, ShadowLedger, chain_path_probs
 from backends.core.costs import CostModel
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 
@@ -165,6 +165,11 @@ class PLDDrafter:
             self._shadow.add(len(context), tokens, self._bucket)
             return EMPTY_PROPOSAL
         return Proposal.chain(tokens[:k])
+
+    def path_probs(self, proposal: Proposal) -> list[float]:
+        """For each node of the last proposal, the estimated chance the target accepts its path
+        (the product of this bucket's per-position acceptance); used when it is merged."""
+        return chain_path_probs(self.controller.acceptance(self._bucket), proposal.size)
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)

@@ -16,7 +16,7 @@ verifying are scored against the text that followed (``TreeLedger``) to keep cal
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -24,12 +24,12 @@ import numpy as np
 from backends.core.controller import TreeLedger, TreeSizer
 from backends.core.costs import CostModel
 from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
-from backends.models.datastore import Continuations, Datastore
+from backends.models.datastore import DATASTORE_FILE, Continuations, Datastore
 
 
 @dataclass(frozen=True)
 class RESTSettings:
-    datastore: str = ""  # a file from `specdeck datastore build`
+    datastore: str = field(default="", metadata=DATASTORE_FILE)  # a file from `specdeck datastore build`
     max_nodes: int = 16  # most tree nodes verified in one step
     max_depth: int = 8  # deepest continuation read
     max_match: int = 16  # longest context suffix looked up
@@ -55,16 +55,23 @@ class RankedTree:
     tokens: np.ndarray  # [n] int32
     parents: np.ndarray  # [n] int32, indices into this ranking (-1: root)
     probs: np.ndarray  # [n] float64, share of occurrences through each node
+    bucket: int = 0  # class of the matched suffix length (calibration is kept per class)
 
     def proposal(self, n: int) -> Proposal:
         return Proposal(tuple(int(t) for t in self.tokens[:n]), tuple(int(p) for p in self.parents[:n]))
+
+
+def match_class(matched: int) -> int:
+    """Buckets of matched suffix length: 0 (none), 1, 2, 3, 4-7, 8-15, 16+."""
+    return matched if matched < 4 else 4 if matched < 8 else 8 if matched < 16 else 16
 
 
 def rank(cont: Continuations, max_depth: int) -> RankedTree:
     """Order trie nodes by share, parents first; drop nodes deeper than ``max_depth``.
 
     A child never has a larger count than its parent, and ties keep breadth-first order, so a
-    stable sort by count puts every parent before its children.
+    stable sort by count puts every parent before its children. The share is ``count / (total +
+    1)``: a continuation seen once is a coin flip, not a certainty.
     """
     depth = np.zeros(len(cont.tokens), dtype=np.int32)
     for i, parent in enumerate(cont.parents):
@@ -74,7 +81,8 @@ def rank(cont: Continuations, max_depth: int) -> RankedTree:
     new_index = np.full(len(cont.tokens) + 1, -1, dtype=np.int32)
     new_index[order] = np.arange(len(order), dtype=np.int32)
     parents = np.where(cont.parents[order] < 0, -1, new_index[cont.parents[order]])
-    return RankedTree(cont.tokens[order], parents.astype(np.int32), cont.counts[order] / max(cont.total, 1))
+    return RankedTree(cont.tokens[order], parents.astype(np.int32), cont.counts[order] / (cont.total + 1),
+                      match_class(cont.matched))
 
 
 class RESTDrafter:
@@ -91,6 +99,8 @@ class RESTDrafter:
     def begin(self, prompt: Sequence[int]) -> None:
         self._ledger = TreeLedger()
         self._predicted = 0.0
+        self._probs: list[float] = []
+        self._bucket = 0
         self._context_len = len(prompt)
 
     def lookup(self, context: Sequence[int]) -> RankedTree:
@@ -101,21 +111,27 @@ class RESTDrafter:
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._context_len = len(context)
-        for predicted, matched in self._ledger.resolve(context):
-            self.sizer.update(predicted, matched)
+        for predicted, matched, bucket in self._ledger.resolve(context):
+            self.sizer.update(predicted, matched, bucket)
         tree = self.lookup(context)
         limit = min(len(tree.tokens), self.settings.max_nodes, budget.max_nodes)
         if limit == 0 or budget.max_depth <= 0:
             return EMPTY_PROPOSAL
-        n = self.sizer.choose(tree.probs[:limit], context=len(context)) if self.settings.adaptive else limit
+        self._bucket = tree.bucket
+        n = self.sizer.choose(tree.probs[:limit], context=len(context), bucket=tree.bucket) if self.settings.adaptive else limit
         if n == 0:
             self._ledger.add(len(context), tree.tokens[:limit].tolist(), tree.parents[:limit].tolist(),
-                             float(tree.probs[:limit].sum()))
+                             float(tree.probs[:limit].sum()), tree.bucket)
             return EMPTY_PROPOSAL
         self._predicted = float(tree.probs[:n].sum())
+        self._probs = [min(1.0, self.sizer.calibration(tree.bucket) * float(p)) for p in tree.probs[:n]]
         return tree.proposal(n)
+
+    def path_probs(self, proposal: Proposal) -> list[float]:
+        """Calibrated shares of the last proposal's nodes (used when it is merged with others)."""
+        return self._probs[: proposal.size]
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
         if verdict.drafted:
-            self.sizer.update(self._predicted, verdict.accepted)
+            self.sizer.update(self._predicted, verdict.accepted, self._bucket)

@@ -6,7 +6,8 @@ it agrees with. Any drafters work; the useful pairs are complementary, e.g. a dr
 on free text) with prompt lookup (free, and right when the answer quotes).
 
 Merging. Each sub-drafter proposes as if it were alone (its own controller picks its length);
-the proposals are inserted into a trie in order. Two nodes merge when they have the same parent
+the proposals are inserted into a trie in order, and the merged tree is then cut to the nodes
+worth verifying together (see ``SpecInferDrafter``). Two nodes merge when they have the same parent
 and token and both are deterministic guesses (``q`` one-hot): a second one-hot copy of a token
 the first copy did not get accepted for is rejected with certainty and leaves the residual
 unchanged, so merging it loses nothing. A node sampled from a draft distribution is never merged
@@ -25,15 +26,17 @@ and draft's 2 of 2.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
 
+from backends.core.controller import TreeSizer
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
 from backends.core.tree import tree_depths
 from backends.core.types import TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.models.datastore import DATASTORE_FILE
 
 _MAX_DRAFTERS = 4
 
@@ -41,7 +44,7 @@ _MAX_DRAFTERS = 4
 @dataclass(frozen=True)
 class SpecInferSettings:
     drafters: str = "draft,pld"  # comma-separated methods whose proposals are merged
-    rest_datastore: str = ""  # the datastore when the drafters include rest
+    rest_datastore: str = field(default="", metadata=DATASTORE_FILE)  # the datastore when the drafters include rest
     adaptive: bool = True  # passed on: False makes every drafter propose its full length
 
     def __post_init__(self) -> None:
@@ -94,25 +97,67 @@ def merge(proposals: Sequence[Proposal]) -> MergedTree:
 
 
 def project(verdict: Verdict, proposal: Proposal, mapping: Sequence[int]) -> Verdict:
-    """The verdict as one sub-proposal sees it: its nodes on the accepted path, all emitted tokens."""
-    owner = {merged: local for local, merged in enumerate(mapping)}
+    """The verdict as one sub-proposal sees it: its nodes on the accepted path, all emitted tokens.
+
+    ``mapping[i]`` is where local node ``i`` went in the verified tree, or -1 when the merged tree
+    was pruned before it; ``drafted`` and ``draft_depth`` count only verified nodes, so a drafter
+    never books a guess that was not checked as rejected.
+    """
+    owner = {merged: local for local, merged in enumerate(mapping) if merged >= 0}
     path: list[int] = []
     for merged in verdict.path:
         local = owner.get(merged)
         if local is None or proposal.parents[local] != (path[-1] if path else -1):
             break
         path.append(local)
-    depth = int(tree_depths(proposal.parents).max()) if proposal.size else 0
-    return Verdict(path=tuple(path), tokens=verdict.tokens, drafted=proposal.size, draft_depth=depth)
+    kept = [local for local, merged in enumerate(mapping) if merged >= 0]
+    depths = tree_depths(proposal.parents) if proposal.size else np.zeros(0, dtype=np.int32)
+    depth = int(max((depths[i] for i in kept), default=0))
+    return Verdict(path=tuple(path), tokens=verdict.tokens, drafted=len(kept), draft_depth=depth)
+
+
+def merged_path_probs(drafters: Sequence[Drafter], proposals: Sequence[Proposal], tree: MergedTree) -> np.ndarray:
+    """Each merged node's chance of being accepted: the highest estimate among the drafters that
+    proposed it (``path_probs`` where a drafter has it, else 0.5 per level). A child is never
+    rated above its parent, since whoever proposed the child proposed the parent too."""
+    probs = np.zeros(tree.proposal.size)
+    for drafter, prop, mapping in zip(drafters, proposals, tree.maps):
+        estimate = getattr(drafter, "path_probs", None)
+        values = estimate(prop) if estimate else [0.5 ** int(d) for d in tree_depths(prop.parents)]
+        for local, merged in enumerate(mapping):
+            probs[merged] = max(probs[merged], values[local])
+    return probs
+
+
+def select(tree: MergedTree, keep: Sequence[int]) -> MergedTree:
+    """The merged tree cut down to ``keep`` (merged indices, parents included), maps updated."""
+    keep = sorted(keep)
+    new = {old: i for i, old in enumerate(keep)}
+    p = tree.proposal
+    proposal = Proposal(tuple(p.tokens[i] for i in keep), tuple(-1 if p.parents[i] < 0 else new[p.parents[i]] for i in keep),
+                        None if p.draft_probs is None else tuple(p.draft_probs[i] for i in keep))
+    maps = tuple(tuple(new.get(m, -1) for m in mapping) for mapping in tree.maps)
+    return MergedTree(proposal, maps)
 
 
 class SpecInferDrafter:
-    def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None) -> None:
+    """Merges the sub-drafters' proposals, then keeps the nodes worth verifying together.
+
+    Each sub-drafter sized its proposal as if verified alone; together they cost more. So the
+    merged nodes are ranked by their estimated acceptance (``merged_path_probs``) and a
+    ``TreeSizer`` keeps the count that maximizes expected tokens per unit of measured verify cost,
+    which is never worse than the better sub-proposal alone by the sizer's own estimate.
+    """
+
+    def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None,
+                 sizer: TreeSizer | None = None) -> None:
         self.drafters = list(drafters)
         self.requires = frozenset({TREE}).union(*(d.requires for d in self.drafters))
-        self.costs = costs
+        self.costs = costs or CostModel.from_relative([1.0] * 65)
+        self.sizer = sizer or TreeSizer(self.costs, max_nodes=64, prior=1.0, min_gain=1.0)
         self._last: list[Proposal] = []
         self._maps: tuple[tuple[int, ...], ...] = ()
+        self._predicted = 0.0
         self._context_len = 0
 
     def begin(self, prompt: Sequence[int]) -> None:
@@ -123,16 +168,18 @@ class SpecInferDrafter:
         self._context_len = len(context)
         self._last = [d.propose(context, budget).pruned(budget) for d in self.drafters]
         tree = merge(self._last)
-        self._maps = tree.maps
-        n = min(tree.proposal.size, budget.max_nodes)  # a prefix keeps every kept node's index
-        p = tree.proposal
-        if n == p.size:
-            return p
-        return Proposal(p.tokens[:n], p.parents[:n], None if p.draft_probs is None else p.draft_probs[:n])
+        probs = merged_path_probs(self.drafters, self._last, tree)
+        ranked = np.argsort(-probs, kind="stable")[: budget.max_nodes]  # parents rank before children
+        n = self.sizer.choose(probs[ranked], context=len(context)) if len(ranked) else 0
+        chosen = select(tree, ranked[:n].tolist())
+        self._maps = chosen.maps
+        self._predicted = float(probs[ranked[:n]].sum())
+        return chosen.proposal
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
-        if self.costs is not None:
-            self.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        self.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        if verdict.drafted:
+            self.sizer.update(self._predicted, verdict.accepted)
         quiet = replace(out, seconds=0.0)  # timed once above, with the merged size
         for drafter, prop, mapping in zip(self.drafters, self._last, self._maps):
             drafter.observe(quiet, project(verdict, prop, mapping))

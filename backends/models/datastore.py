@@ -25,6 +25,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -33,6 +34,8 @@ from safetensors.numpy import save_file
 from backends.core.errors import SpecDeckError
 from backends.models.gguf_info import VocabInfo
 
+# Field metadata for settings that name a datastore file (front ends offer a file chooser).
+DATASTORE_FILE = MappingProxyType({"file": "SpecDeck datastores (*.sdstore);;All files (*)"})
 FORMAT = "specdeck-rest-datastore"
 FORMAT_VERSION = "1"
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".c", ".cpp", ".h", ".js", ".ts",

@@ -1,0 +1,247 @@
+"""``lookahead``: Lookahead decoding (Fu et al.): Jacobi iteration plus an n-gram pool, no draft model.
+
+Two branches hang under the root in ONE target forward:
+
+- The lookahead branch: a window of ``W`` guesses for the next positions, laid out as a chain, so
+  guess ``k`` sees the guesses before it. The target's outputs at the chain nodes are its
+  predictions for the following positions given those guesses: one Jacobi iteration. The
+  predictions become the next step's window (shifted by what the step emitted), and the guesses
+  improve from iteration to iteration the way Jacobi decoding converges.
+- The verification branch: up to ``G`` candidates from the n-gram pool that start with the root
+  token, each ``N - 1`` tokens long, merged into one trie with the lookahead chain.
+
+Both branches are ordinary tree nodes, so the acceptance rule and therefore losslessness are the
+same as for every other method: the target keeps the longest path it agrees with.
+
+The pool. An n-gram is collected along a Jacobi trajectory: the prediction for position ``q`` was
+made with guess ``x`` at ``q - 1``, which was itself predicted with guess ``w`` at ``q - 2`` one
+iteration earlier, and so on; ``(w, x, prediction)`` is a 3-gram the model itself finds likely.
+The pool also takes every n-gram of the prompt and of the text generated so far (the paper's
+trick, and what makes lookahead good at repeating).
+
+How wide. Wide verification costs more on a CPU than on a GPU (SmolLM2 F16 on 2 cores: 8 tokens
+cost 1.9 forwards), so a fixed (W, G) loses somewhere. ``ShapeBandit`` tries a few shapes and
+keeps the one with the best measured tokens per unit of verify cost, including plain decoding
+(no tree at all), and re-probes the others now and then as the pool grows or the machine's load
+changes.
+
+Example: W = 3, N = 3, G = 2, root ``the``, window ``[cat, on, mat]``, pool for ``the``:
+``(cat, sat)``, ``(dog, ran)``. The tree: ``the -> cat -> (on -> mat, sat)`` and ``the -> dog -> ran``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from backends.core.controller import cost_at
+from backends.core.costs import CostModel
+from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.drafters.specinfer import merge
+
+
+@dataclass(frozen=True)
+class LookaheadSettings:
+    window: int = 4  # W: Jacobi guesses verified per step (the lookahead branch)
+    ngram: int = 3  # N: n-gram length; a candidate drafts N - 1 tokens
+    guesses: int = 3  # G: most pool candidates verified per step
+    pool_per_token: int = 8  # most continuations kept per starting token (newest win)
+    adaptive: bool = True  # let the bandit pick W and G (up to the values above) by measured speed
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.window <= 16:
+            raise ValueError(f"window (W) must be in 0..16, got {self.window}")
+        if not 2 <= self.ngram <= 8:
+            raise ValueError(f"ngram (N) must be in 2..8, got {self.ngram}")
+        if not 0 <= self.guesses <= 16:
+            raise ValueError(f"guesses (G) must be in 0..16, got {self.guesses}")
+        if self.window == 0 and self.guesses == 0:
+            raise ValueError("window and guesses are both 0: lookahead would never draft")
+        if not 1 <= self.pool_per_token <= 64:
+            raise ValueError(f"pool_per_token must be in 1..64, got {self.pool_per_token}")
+
+
+class NgramPool:
+    """Continuations of ``n - 1`` tokens keyed by the token before them, newest first."""
+
+    def __init__(self, n: int, per_token: int) -> None:
+        self.n, self.per_token = n, per_token
+        self._by_first: dict[int, OrderedDict[tuple[int, ...], None]] = {}
+
+    def add(self, gram: Sequence[int]) -> None:
+        if len(gram) != self.n:
+            return
+        bucket = self._by_first.setdefault(int(gram[0]), OrderedDict())
+        key = tuple(int(t) for t in gram[1:])
+        bucket[key] = None
+        bucket.move_to_end(key, last=False)
+        while len(bucket) > self.per_token:
+            bucket.popitem(last=True)
+
+    def add_text(self, tokens: Sequence[int], start: int) -> None:
+        """Every n-gram of ``tokens`` that ends at index ``start`` or later."""
+        for end in range(max(start, self.n - 1), len(tokens)):
+            self.add(tokens[end - self.n + 1 : end + 1])
+
+    def candidates(self, token: int, k: int) -> list[tuple[int, ...]]:
+        bucket = self._by_first.get(int(token))
+        return list(bucket)[:k] if bucket else []
+
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._by_first.values())
+
+
+class ShapeBandit:
+    """Which (W, G) to verify: the shape with the best measured tokens per unit of verify cost.
+
+    Each shape's record is emitted tokens and relative verify cost (from the cost model, so a
+    noisy wall clock does not decide), both with exponential forgetting. Plain decoding, (0, 0),
+    is worth exactly 1 and needs no trials. Every shape is tried ``min_tries`` times first; after
+    that the best one runs, and a shape that lost is tried again once after ``probe_every``
+    steps, then after twice as many, and so on (up to ``max_interval``), so re-checking a shape
+    that keeps losing costs less and less while one that starts winning (a fuller pool, a quieter
+    machine) is found again.
+    """
+
+    def __init__(self, shapes: Sequence[tuple[int, int]], *, min_tries: int = 4, probe_every: int = 32,
+                 max_interval: int = 2048, decay: float = 0.97) -> None:
+        self.shapes = [s for s in dict.fromkeys(shapes) if s != (0, 0)]
+        self.min_tries, self.probe_every, self.max_interval, self.decay = min_tries, probe_every, max_interval, decay
+        self._tokens = {s: 0.0 for s in self.shapes}
+        self._cost = {s: 0.0 for s in self.shapes}
+        self._tries = {s: 0 for s in self.shapes}
+        self._last = {s: 0 for s in self.shapes}
+        self._interval = {s: probe_every for s in self.shapes}
+        self.chosen: dict[tuple[int, int], int] = {}
+        self._step = 0
+
+    def speed(self, shape: tuple[int, int]) -> float:
+        """Tokens per unit of cost relative to plain decoding (1.0 for plain decoding)."""
+        if shape == (0, 0) or self._cost.get(shape, 0.0) <= 0.0:
+            return 1.0
+        return self._tokens[shape] / self._cost[shape]
+
+    def best(self) -> tuple[int, int]:
+        return max([(0, 0), *self.shapes], key=self.speed)
+
+    def choose(self) -> tuple[int, int]:
+        self._step += 1
+        untried = [s for s in self.shapes if self._tries[s] < self.min_tries]
+        best = self.best()
+        due = [s for s in self.shapes if s != best and self.probe_every
+               and self._step - self._last[s] >= self._interval[s]]
+        if untried:
+            shape = untried[0]
+        elif due:
+            shape = min(due, key=self._last.__getitem__)
+            self._interval[shape] = min(self._interval[shape] * 2, self.max_interval)
+        else:
+            shape = best
+            if shape != (0, 0):
+                self._interval[shape] = self.probe_every  # a winner is re-checked promptly if it loses
+        self.chosen[shape] = self.chosen.get(shape, 0) + 1
+        if shape != (0, 0):
+            self._last[shape] = self._step
+        return shape
+
+    def update(self, shape: tuple[int, int], tokens: int, cost: float) -> None:
+        if shape not in self._tokens:
+            return
+        self._tries[shape] += 1
+        self._tokens[shape] = self._tokens[shape] * self.decay + tokens
+        self._cost[shape] = self._cost[shape] * self.decay + cost
+
+    def settled(self) -> tuple[int, int]:
+        """The shape chosen most often so far (what this machine settled on)."""
+        return max(self.chosen, key=self.chosen.__getitem__) if self.chosen else (0, 0)
+
+
+def default_shapes(settings: LookaheadSettings) -> list[tuple[int, int]]:
+    """Full, half and zero window, with and without pool candidates."""
+    w, g = settings.window, settings.guesses
+    return [(a, b) for a in sorted({w, w // 2, 0}) for b in sorted({g, 0}) if (a, b) != (0, 0)]
+
+
+class LookaheadDrafter:
+    requires: frozenset[str] = frozenset({TREE})
+
+    def __init__(self, settings: LookaheadSettings | None = None, *, costs: CostModel | None = None,
+                 bandit: ShapeBandit | None = None) -> None:
+        self.settings = settings or LookaheadSettings()
+        s = self.settings
+        self.costs = costs or CostModel.from_relative([1.0] * 17)
+        self.bandit = bandit or ShapeBandit(default_shapes(s))
+        self.begin([])
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        s = self.settings
+        self._pool = NgramPool(s.ngram, s.pool_per_token)
+        self._pool.add_text(prompt, 0)
+        self._seen = len(prompt)
+        self._base = len(prompt)  # context index the first window slot guesses
+        self._window = self._fill({}, prompt, len(prompt))
+        self._inputs: deque[dict[int, int]] = deque(maxlen=s.ngram - 1)
+        self._shape = (0, 0)
+        self._look_nodes: tuple[int, ...] = ()
+        self._context_len = len(prompt)
+
+    # -- propose ---------------------------------------------------------------------------
+    def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
+        self._context_len = len(context)
+        self._pool.add_text(context, self._seen)
+        self._seen = len(context)
+        s = self.settings
+        shape = self.bandit.choose() if s.adaptive else (s.window, s.guesses)
+        w, g = shape
+        window = list(self._window[: min(w, budget.max_depth)])
+        cands = [c[: budget.max_depth] for c in self._pool.candidates(context[-1], g)] if budget.max_depth else []
+        self._inputs.append({len(context) - 1: int(context[-1]), **{self._base + i: t for i, t in enumerate(window)}})
+        tree = merge([Proposal.chain(window)] + [Proposal.chain(c) for c in cands])
+        n = min(tree.proposal.size, budget.max_nodes)
+        self._shape = shape
+        self._look_nodes = tuple(node for node in tree.maps[0] if node < n)
+        if n == 0:
+            return EMPTY_PROPOSAL
+        p = tree.proposal
+        return Proposal(p.tokens[:n], p.parents[:n])
+
+    # -- observe ---------------------------------------------------------------------------
+    def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        self.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        cost = cost_at(self.costs.relative(self._context_len), verdict.drafted)
+        self.bandit.update(self._shape, len(verdict.tokens), cost)
+        predictions = self._predictions(out)
+        self._collect(predictions)
+        new_len = self._context_len + len(verdict.tokens)
+        history = list(verdict.tokens)
+        self._base = new_len
+        self._window = self._fill(predictions, history, new_len)
+
+    def _predictions(self, out: TargetOutput) -> dict[int, int]:
+        """Jacobi: the target's next token after each lookahead node, by context index."""
+        rows = [1 + node for node in self._look_nodes]
+        if not rows:
+            return {}
+        best = np.argmax(out.logits[rows], axis=1)  # [w]
+        return {self._base + i + 1: int(t) for i, t in enumerate(best)}
+
+    def _collect(self, predictions: dict[int, int]) -> None:
+        """Diagonal n-grams: guesses at q - N + 1 .. q - 1 from successive iterations, then q."""
+        n = self.settings.ngram
+        levels = list(self._inputs)
+        if len(levels) < n - 1:
+            return
+        for q, token in predictions.items():
+            gram = [levels[-1 - j].get(q - 1 - j) for j in range(n - 1)][::-1]
+            if all(t is not None for t in gram):
+                self._pool.add([*gram, token])
+
+    def _fill(self, predictions: dict[int, int], history: Sequence[int], base: int) -> list[int]:
+        """The next window: predictions for ``base`` onwards, gaps filled from recent text (the
+        paper starts from random tokens; recent ones converge sooner and keep runs reproducible)."""
+        w = self.settings.window
+        tail = list(history[-w:]) or [0]
+        return [predictions.get(base + i, tail[i % len(tail)]) for i in range(w)]
