@@ -260,3 +260,19 @@ def test_real_models_rest_matches_plain_greedy(tmp_path, request, model):
 
     session = request.getfixturevalue(model)
     check_method_matches_ar(session, "rest", {"adaptive": False, "max_nodes": 8, "datastore": _text_store(tmp_path, session)})
+
+
+def test_fruitless_lookups_are_spaced_out_and_a_match_resets_them(tmp_path):
+    oracle = OracleTarget(32, seed=5)
+    store = _store(tmp_path, [[31, 30] * 50])  # text the oracle never produces after this prompt
+    calls = []
+
+    class Counting(Datastore):
+        def continuations(self, context, **kw):
+            calls.append(len(context))
+            return super().continuations(context, **kw)
+
+    drafter = RESTDrafter(Counting(store.path), RESTSettings(), costs=COSTS)
+    prompt = list(range(5, 25))
+    finished = run(oracle, drafter, prompt, GenerationSettings(max_new_tokens=96))
+    assert finished.stats.forwards > 60 and len(calls) < finished.stats.forwards / 2

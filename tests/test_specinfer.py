@@ -137,7 +137,7 @@ def test_auto_merges_every_drafter_the_session_has(smollm_session, smollm_q4_pat
     assert [type(d).__name__ for d in merged.drafters] == ["PLDDrafter", "DraftModelDrafter"]
     store = _text_store(tmp_path, smollm_session)
     with_rest = smollm_session.drafter("auto", SamplingSettings(), datastore=store)
-    assert [type(d).__name__ for d in with_rest.drafters] == ["PLDDrafter", "DraftModelDrafter", "RESTDrafter"]
+    assert [type(d).__name__ for d in with_rest.drafters] == ["PLDDrafter", "RESTDrafter", "DraftModelDrafter"]  # free ones first
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as alone:
         assert isinstance(alone.drafter("auto", SamplingSettings()), PLDDrafter)
 

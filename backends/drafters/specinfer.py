@@ -35,7 +35,7 @@ from backends.core.controller import TreeSizer
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
 from backends.core.tree import tree_depths
-from backends.core.types import TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.models.datastore import DATASTORE_FILE
 
 _MAX_DRAFTERS = 4
@@ -149,9 +149,14 @@ class SpecInferDrafter:
     which is never worse than the better sub-proposal alone by the sizer's own estimate.
     """
 
+    CONFIDENT = 1.0  # expected accepted tokens from free drafters that make a model's draft unneeded
+
     def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None,
                  sizer: TreeSizer | None = None) -> None:
-        self.drafters = list(drafters)
+        # Drafters that cost nothing to ask (lookups) go first; one that runs a model of its own
+        # is asked only when they have no confident guess, since its forwards are paid even when
+        # the merged tree then leaves its nodes out.
+        self.drafters = sorted(drafters, key=_runs_model)
         self.requires = frozenset({TREE}).union(*(d.requires for d in self.drafters))
         self.costs = costs or CostModel.from_relative([1.0] * 65)
         self.sizer = sizer or TreeSizer(self.costs, max_nodes=64, prior=1.0, min_gain=1.0)
@@ -166,7 +171,17 @@ class SpecInferDrafter:
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._context_len = len(context)
-        self._last = [d.propose(context, budget).pruned(budget) for d in self.drafters]
+        self._last = []
+        confident = 0.0
+        for drafter in self.drafters:
+            if _runs_model(drafter) and confident >= self.CONFIDENT:
+                self._last.append(EMPTY_PROPOSAL)
+                continue
+            prop = drafter.propose(context, budget).pruned(budget)
+            self._last.append(prop)
+            estimate = getattr(drafter, "path_probs", None)
+            if prop.size and estimate is not None and not _runs_model(drafter):
+                confident = max(confident, float(sum(estimate(prop))))
         tree = merge(self._last)
         probs = merged_path_probs(self.drafters, self._last, tree)
         ranked = np.argsort(-probs, kind="stable")[: budget.max_nodes]  # parents rank before children
@@ -183,3 +198,7 @@ class SpecInferDrafter:
         quiet = replace(out, seconds=0.0)  # timed once above, with the merged size
         for drafter, prop, mapping in zip(self.drafters, self._last, self._maps):
             drafter.observe(quiet, project(verdict, prop, mapping))
+
+
+def _runs_model(drafter: Drafter) -> bool:
+    return bool(getattr(drafter, "runs_model", False))
