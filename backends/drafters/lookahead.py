@@ -167,6 +167,7 @@ def default_shapes(settings: LookaheadSettings) -> list[tuple[int, int]]:
 
 class LookaheadDrafter:
     requires: frozenset[str] = frozenset({TREE})
+    ask_cost = 0  # pool lookups; its Jacobi window rides in the verify forward
 
     def __init__(self, settings: LookaheadSettings | None = None, *, costs: CostModel | None = None,
                  bandit: ShapeBandit | None = None) -> None:

@@ -116,6 +116,7 @@ class PLDDrafter:
     """
 
     requires: frozenset[str] = frozenset()
+    ask_cost = 0  # a dictionary lookup (see specinfer)
 
     @staticmethod
     def pool_bytes(n_ctx: int, max_ngram: int = PLDSettings.max_ngram) -> int:

@@ -95,6 +95,7 @@ def rank(cont: Continuations, max_depth: int) -> RankedTree:
 
 class RESTDrafter:
     requires: frozenset[str] = frozenset({TREE})
+    ask_cost = 1  # a lookup is a few binary searches: no forward, but not free (see specinfer)
 
     def __init__(self, store: Datastore, settings: RESTSettings | None = None, *, costs: CostModel | None = None,
                  sizer: TreeSizer | None = None) -> None:

@@ -153,10 +153,11 @@ class SpecInferDrafter:
 
     def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None,
                  sizer: TreeSizer | None = None) -> None:
-        # Drafters that cost nothing to ask (lookups) go first; one that runs a model of its own
-        # is asked only when they have no confident guess, since its forwards are paid even when
-        # the merged tree then leaves its nodes out.
-        self.drafters = sorted(drafters, key=_runs_model)
+        # Drafters are asked cheapest first (``ask_cost``: 0 for an n-gram lookup, more for a
+        # datastore search, most for a draft model's forwards); once the free ones have a
+        # confident guess the costlier ones are skipped, since their time is paid even when the
+        # merged tree then leaves their nodes out.
+        self.drafters = sorted(drafters, key=_ask_cost)
         self.requires = frozenset({TREE}).union(*(d.requires for d in self.drafters))
         self.costs = costs or CostModel.from_relative([1.0] * 65)
         self.sizer = sizer or TreeSizer(self.costs, max_nodes=64, prior=1.0, min_gain=1.0)
@@ -174,13 +175,13 @@ class SpecInferDrafter:
         self._last = []
         confident = 0.0
         for drafter in self.drafters:
-            if _runs_model(drafter) and confident >= self.CONFIDENT:
+            if _ask_cost(drafter) > 0 and confident >= self.CONFIDENT:
                 self._last.append(EMPTY_PROPOSAL)
                 continue
             prop = drafter.propose(context, budget).pruned(budget)
             self._last.append(prop)
             estimate = getattr(drafter, "path_probs", None)
-            if prop.size and estimate is not None and not _runs_model(drafter):
+            if prop.size and estimate is not None and _ask_cost(drafter) == 0:
                 confident = max(confident, float(sum(estimate(prop))))
         tree = merge(self._last)
         probs = merged_path_probs(self.drafters, self._last, tree)
@@ -200,5 +201,6 @@ class SpecInferDrafter:
             drafter.observe(quiet, project(verdict, prop, mapping))
 
 
-def _runs_model(drafter: Drafter) -> bool:
-    return bool(getattr(drafter, "runs_model", False))
+def _ask_cost(drafter: Drafter) -> int:
+    """How dear a proposal is to make: 0 free, 1 a search, 2 model forwards (unknown: 1)."""
+    return int(getattr(drafter, "ask_cost", 1))

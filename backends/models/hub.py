@@ -29,9 +29,10 @@ import re
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable
+from typing import Callable, Iterator
 
 import httpx
 from huggingface_hub import HfApi, constants, get_hf_file_metadata, get_session, hf_hub_url
@@ -269,21 +270,17 @@ def _check_disk_space(folder: Path, needed: int) -> None:
                        f"{free / 2**30:.1f} GiB free")
 
 
-class _hub_errors:
+@contextmanager
+def _hub_errors(what: str) -> Iterator[None]:
     """Turn huggingface_hub and network exceptions into one ``HubError`` with a readable reason."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> bool:
-        if exc is None or isinstance(exc, SpecDeckError):
-            return False
-        message = _explain(self.what, exc)
+    try:
+        yield
+    except SpecDeckError:
+        raise
+    except Exception as exc:
+        message = _explain(what, exc)
         if message is None:
-            return False
+            raise
         raise HubError(message) from exc
 
 
