@@ -163,9 +163,7 @@ def _build_specinfer(settings: SpecInferSettings, res: DrafterResources) -> Draf
         if not settings.adaptive and any(f.name == "adaptive" for f in fields(spec.settings_type)):
             overrides["adaptive"] = False
         subs.append(spec.build(spec.settings(**overrides), res))
-    drafter = SpecInferDrafter(subs, costs=res.costs(), sizer=res.memory.get(("specinfer", tuple(settings.names))))
-    res.memory[("specinfer", tuple(settings.names))] = drafter.sizer  # its calibration carries over
-    return drafter
+    return SpecInferDrafter(subs, costs=res.costs())
 
 
 @dataclass(frozen=True)

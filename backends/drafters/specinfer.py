@@ -160,10 +160,13 @@ class SpecInferDrafter:
         self.drafters = sorted(drafters, key=_ask_cost)
         self.requires = frozenset({TREE}).union(*(d.requires for d in self.drafters))
         self.costs = costs or CostModel.from_relative([1.0] * 65)
-        self.sizer = sizer or TreeSizer(self.costs, max_nodes=64, prior=1.0, min_gain=1.0)
+        # No calibration of its own (prior 1, never updated): each estimate comes from a
+        # drafter that calibrates itself, also from the steps where it was not verified. A
+        # calibration learned here only from verified trees could sink once and, drafting
+        # nothing, never learn again.
+        self.sizer = sizer or TreeSizer(self.costs, max_nodes=64, prior=1.0)
         self._last: list[Proposal] = []
         self._maps: tuple[tuple[int, ...], ...] = ()
-        self._predicted = 0.0
         self._context_len = 0
 
     def begin(self, prompt: Sequence[int]) -> None:
@@ -189,13 +192,10 @@ class SpecInferDrafter:
         n = self.sizer.choose(probs[ranked], context=len(context)) if len(ranked) else 0
         chosen = select(tree, ranked[:n].tolist())
         self._maps = chosen.maps
-        self._predicted = float(probs[ranked[:n]].sum())
         return chosen.proposal
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.costs.observe(verdict.drafted, self._context_len, out.seconds)
-        if verdict.drafted:
-            self.sizer.update(self._predicted, verdict.accepted)
         quiet = replace(out, seconds=0.0)  # timed once above, with the merged size
         for drafter, prop, mapping in zip(self.drafters, self._last, self._maps):
             drafter.observe(quiet, project(verdict, prop, mapping))
