@@ -44,6 +44,26 @@ def run(target, drafter, prompt, settings, **kw) -> Finished:
     return events[-1]
 
 
+def drafted_matching_plain_greedy(make_drafter, *, method: str, penalty: float, seeds=range(10),
+                                  longest_prompt: int = 40) -> int:
+    """Run ``make_drafter(oracle, seed, sampling)`` on the oracle for each seed and assert the
+    output equals plain greedy decoding with one target forward per step; returns how many
+    tokens were drafted in all (so a caller can check that speculation happened)."""
+    sampling = SamplingSettings(repeat_penalty=penalty)
+    settings = GenerationSettings(max_new_tokens=48, sampling=sampling)
+    drafted = 0
+    for seed in seeds:
+        oracle = OracleTarget(32, seed=seed)
+        rng = np.random.default_rng(seed)
+        prompt = rng.integers(0, 32, size=int(rng.integers(3, longest_prompt))).tolist()
+        expected = plain_greedy(oracle, prompt, 48, sampling)
+        finished = run(oracle, make_drafter(oracle, seed, sampling), prompt, settings, method=method)
+        assert list(finished.tokens) == expected, f"{method} diverged for seed {seed}"
+        assert finished.stats.forwards == oracle.verify_calls
+        drafted += finished.stats.drafted
+    return drafted
+
+
 class OracleTreeDrafter:
     """Random token trees that contain the true continuation only sometimes (tests tree commits)."""
 

@@ -24,7 +24,7 @@ from backends.models.datastore import (
 )
 from backends.models.gguf_info import VocabInfo
 from tests.oracle import OracleTarget
-from tests.test_engine import COSTS, plain_greedy, run
+from tests.test_engine import COSTS, drafted_matching_plain_greedy, plain_greedy, run
 
 ORACLE_VOCAB = VocabInfo("oracle", 32, None, None, False, False, tuple(f"t{i}" for i in range(32)))
 
@@ -145,21 +145,10 @@ def _oracle_store(tmp_path: Path, oracle: OracleTarget, seed: int, sampling: Sam
 
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_rest_output_equals_plain_greedy(tmp_path, penalty):
-    sampling = SamplingSettings(repeat_penalty=penalty)
-    settings = GenerationSettings(max_new_tokens=48, sampling=sampling)
-    drafted = 0
-    for seed in range(12):
-        oracle = OracleTarget(32, seed=seed)
-        store = _oracle_store(tmp_path, oracle, seed, sampling)
-        rng = np.random.default_rng(seed)
-        prompt = rng.integers(0, 32, size=int(rng.integers(3, 30))).tolist()
-        expected = plain_greedy(oracle, prompt, 48, sampling)
-        drafter = RESTDrafter(store, RESTSettings(min_match=1), costs=COSTS)
-        finished = run(oracle, drafter, prompt, settings, method="rest")
-        assert list(finished.tokens) == expected, f"rest diverged for seed {seed}"
-        assert finished.stats.forwards == oracle.verify_calls
-        drafted += finished.stats.drafted
-    assert drafted > 0
+    def make(oracle, seed, sampling):
+        return RESTDrafter(_oracle_store(tmp_path, oracle, seed, sampling), RESTSettings(min_match=1), costs=COSTS)
+
+    assert drafted_matching_plain_greedy(make, method="rest", penalty=penalty, seeds=range(12), longest_prompt=30) > 0
 
 
 def test_rest_speeds_up_text_the_datastore_holds(tmp_path):
