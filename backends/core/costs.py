@@ -4,7 +4,8 @@ One forward over the root plus ``k`` drafted tokens costs far more than one toke
 how much more depends on the weight type, the build's matrix kernels and the context length
 (every drafted token attends to the whole context). Measured here for SmolLM2 F16 on 2 cores,
 relative to one token: k = 4 costs 2.4x at 64 tokens of context and 2.8x at 1024; k = 16 costs
-5.2x and 7.3x. A fixed draft length loses on one machine or another; so the curve is measured.
+5.2x and 7.3x; a 64-node tree 19x at 512. A fixed draft length loses on one machine or another;
+so the curve is measured, every length up to 16 and a few tree sizes up to 64.
 
 ``time_forwards`` measures a curve at one context length. ``CostModel`` holds curves at two or
 more context lengths, interpolates between them, and keeps learning from the verify times the
@@ -18,33 +19,77 @@ import bisect
 import time
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
+
 from backends.core.protocols import Target
 from backends.core.types import Proposal, Verdict
 
 _KEEP_ROOT = Verdict(path=(), tokens=(0,), drafted=0, draft_depth=0)
 
 
+DENSE_UP_TO = 16  # every length up to here is measured; beyond, a few sizes and straight lines between
+SPARSE_SIZES = (32, 64)
+TREE_BRANCHES = 4  # the shape of the probes past DENSE_UP_TO: trees, as merged and retrieval drafts are
+
+
+def probe_sizes(k_max: int) -> list[int]:
+    """Node counts whose verify time is measured for a curve up to ``k_max`` (always 0 and k_max).
+
+    Example: ``probe_sizes(40)`` is ``0..16, 32, 40``.
+    """
+    sizes = list(range(min(k_max, DENSE_UP_TO) + 1))
+    sizes += [k for k in SPARSE_SIZES if DENSE_UP_TO < k < k_max]
+    return sizes + ([k_max] if k_max > DENSE_UP_TO else [])
+
+
+def probe(token: int, k: int) -> Proposal:
+    """A chain of ``k`` tokens up to DENSE_UP_TO, beyond it a tree of TREE_BRANCHES equal branches.
+
+    A tree batch costs what a chain of as many tokens costs (measured for SmolLM2 F16 at 512 tokens
+    of context: 8 to 64 nodes, 1 to 16 branches, within 3%), but the probe takes the tree path
+    through the backend so a backend where it does not is measured as it is.
+    """
+    if k <= DENSE_UP_TO:
+        return Proposal.chain([token] * k)
+    parents: list[int] = []
+    for branch in range(TREE_BRANCHES):
+        length = k // TREE_BRANCHES + (1 if branch < k % TREE_BRANCHES else 0)
+        parents += [-1] + [len(parents) + i for i in range(length - 1)]
+    return Proposal((token,) * k, tuple(parents))
+
+
+def interpolate(sizes: Sequence[int], seconds: Sequence[float]) -> list[float]:
+    """Seconds for every k = 0..sizes[-1] from measurements at ``sizes`` (straight lines between)."""
+    return [float(x) for x in np.interp(np.arange(sizes[-1] + 1), sizes, seconds)]
+
+
 def time_forwards(target: Target, k_max: int, *, reps: int = 3, context: int = 64,
                   clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Fastest seconds of one verify with k = 0..k_max drafted tokens after ``context`` tokens.
+    """Fastest seconds of one verify with k = 0..k_max drafted nodes after ``context`` tokens.
 
+    Lengths up to DENSE_UP_TO are each measured, longer ones at ``probe_sizes`` and interpolated.
     Repetitions are interleaved across k, so a burst of load from another process spreads over
     all lengths instead of bending one of them. Leaves the target's cache empty.
     """
     token = min(100, target.n_vocab - 1)
     context = max(1, min(context, target.n_ctx - k_max - 2))
+    sizes = probe_sizes(k_max)
     target.reset()
     target.prefill([token] * context)
-    samples: list[list[float]] = [[] for _ in range(k_max + 1)]
-    for _ in range(reps + 1):  # the first round warms caches and thread pools up
-        for k in range(k_max + 1):
+    samples: dict[int, list[float]] = {k: [] for k in sizes}
+    for round_ in range(reps + 1):  # the first round warms caches and thread pools up
+        # Past DENSE_UP_TO the curve is a straight line and a probe costs up to 30 forwards
+        # (Q4_1 on 2 cores), so those sizes are timed once, in the last round.
+        for k in sizes if round_ == reps else [k for k in sizes if k <= DENSE_UP_TO]:
+            proposal = probe(token, k)
             start = clock()
-            target.verify(token, Proposal.chain([token] * k))
+            target.verify(token, proposal)
             samples[k].append(clock() - start)
             target.commit(_KEEP_ROOT)
             target.truncate(context)
     target.reset()
-    return [min(s[1:]) for s in samples]  # interference only ever adds time
+    # interference only ever adds time: the fastest repetition is the truest
+    return interpolate(sizes, [min(samples[k][1:] or samples[k]) for k in sizes])
 
 
 class CostModel:
@@ -57,7 +102,7 @@ class CostModel:
     so the model tracks drift and errors of the first measurement.
 
     Example: ``CostModel({64: [0.010, 0.020], 1024: [0.013, 0.025]}).relative(544)`` is
-    ``[1.0, 1.94]``: 0.0115 s and 0.0225 s at the midpoint.
+    ``[1.0, 1.96]``: 0.0115 s and 0.0225 s at the midpoint.
     """
 
     def __init__(self, curves: Mapping[int, Sequence[float]], *, smoothing: float = 0.1) -> None:
@@ -65,24 +110,35 @@ class CostModel:
             raise ValueError("a cost model needs at least one measured curve")
         self.contexts = sorted(curves)
         self.k_max = min(len(curves[c]) for c in self.contexts) - 1
-        self._curves = [list(curves[c][: self.k_max + 1]) for c in self.contexts]
+        self._curves = np.array([list(curves[c][: self.k_max + 1]) for c in self.contexts])  # [contexts, k_max + 1]
         # Measured/predicted ratios learned while generating: one for single-token forwards, one
         # shared by all batched ones (their common level is what drifts; the shape holds).
         self._correction = [1.0, 1.0]
         self.smoothing = smoothing
+        self._last_row: tuple[int, np.ndarray] = (-1, self._curves[0])
 
     @classmethod
     def from_relative(cls, costs: Sequence[float]) -> CostModel:
         """A context-independent model from relative costs (tests, GPUs with flat curves)."""
         return cls({0: list(costs)})
 
-    def _measured(self, k: int, context: int) -> float:
+    def _row(self, context: int) -> np.ndarray:
+        """Measured seconds for k = 0..k_max at ``context``, inter- or extrapolated."""
         if len(self.contexts) == 1:
-            return self._curves[0][k]
+            return self._curves[0]
+        if self._last_row[0] == context:  # asked several times per step
+            return self._last_row[1]
+        self._last_row = (context, self._interpolated(context))
+        return self._last_row[1]
+
+    def _interpolated(self, context: int) -> np.ndarray:
         i = min(max(bisect.bisect_right(self.contexts, context) - 1, 0), len(self.contexts) - 2)
         c0, c1 = self.contexts[i], self.contexts[i + 1]
-        t0, t1 = self._curves[i][k], self._curves[i + 1][k]
-        return max(t0 + (t1 - t0) * (context - c0) / (c1 - c0), 1e-9)
+        t0, t1 = self._curves[i], self._curves[i + 1]
+        return np.maximum(t0 + (t1 - t0) * ((context - c0) / (c1 - c0)), 1e-9)
+
+    def _measured(self, k: int, context: int) -> float:
+        return float(self._row(context)[k])
 
     def seconds(self, k: int, context: int) -> float:
         k = min(k, self.k_max)
@@ -90,12 +146,11 @@ class CostModel:
 
     def relative(self, context: int) -> list[float]:
         """Cost of k = 0..K drafted tokens relative to plain decoding, never decreasing in k."""
-        one = self.seconds(0, context)
-        out, highest = [], 0.0
-        for k in range(self.k_max + 1):
-            highest = max(highest, self.seconds(k, context) / one)
-            out.append(highest)
-        return out
+        row = self._row(context)
+        one, batched = self._correction
+        rel = row * (batched / (row[0] * one))
+        rel[0] = 1.0
+        return np.maximum.accumulate(np.maximum(rel, 1.0)).tolist()
 
     def observe(self, k: int, context: int, seconds: float) -> None:
         """Fold one measured verify time into the estimates (one outlier moves them little)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from backends.models.llama_lib import library_version
 from backends.models.paths import cache_dir
 
-COST_CURVE_LENGTH = 16  # longest draft the measured cost curve covers
+COST_CURVE_LENGTH = 64  # largest draft (tree nodes) the measured cost curve covers
 COST_CONTEXTS = (64, 1024)  # context lengths the cost curve is measured at (interpolated between)
 
 
