@@ -41,6 +41,7 @@ from backends.core.costs import CpuWatch
 from backends.core.errors import SpecDeckError
 from backends.core.sampling import apply_repeat_penalty
 from backends.core.types import Finished, GenerationSettings, Proposal, RunStats, SamplingSettings
+from backends.drafters.auto import MethodSelector
 from backends.factory import Session, SessionConfig
 from backends.hardware.observed import ObservedStore
 from backends.hardware.telemetry import Sampler, energy_joules
@@ -471,6 +472,10 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
     remember(session.model.path, records)
     summary = summarize(records, methods)
     print(markdown(summary, methods), file=out)
+    choices = auto_choices(session)
+    for kind, arms in choices.items():
+        print(f"\nauto on {kind} prompts: " + ", ".join(f"{arm} played {c['played']}x at {c['speed']:.2f}x"
+                                                     for arm, c in arms.items()), file=out)
     noisy = sum(r["other_cpu"] > NOISY_OTHER_CPU for r in records)
     if noisy:
         print(f"\nwarning: {noisy} of {len(records)} runs shared the CPU with another busy process "
@@ -481,8 +486,21 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
             "verify_costs": {c: costs.relative(c) for c in costs.contexts},
             "one_token_seconds": {c: costs.seconds(0, c) for c in costs.contexts},
             "draft_one_token_seconds": {c: draft_costs.seconds(0, c) for c in draft_costs.contexts} if draft_costs else None,
-            "prompts": len(prompts), "power_source": sampler is not None}
+            "prompts": len(prompts), "power_source": sampler is not None, "auto_choices": choices}
     return {"meta": meta, "summary": _clean(summary), "records": _clean(records)}
+
+
+def auto_choices(session: Session) -> dict:
+    """What ``auto`` played, per kind of prompt: for each arm, answers played (the warm-up
+    included) and the speed it measured relative to plain decoding."""
+    out: dict = {}
+    for key, selector in session.memory.items():
+        if isinstance(selector, MethodSelector):
+            selector.close()
+            for kind, bandit in selector.bandits.items():
+                out[kind] = {arm: {"played": bandit.chosen.get(arm, 0), "speed": bandit.speed(arm)}
+                             for arm in [bandit.baseline, *bandit.arms]}
+    return out
 
 
 def remember(model_path: Path, records: list[dict]) -> None:

@@ -291,3 +291,35 @@ def test_shadow_ledger_scores_withheld_guesses():
     assert ledger.resolve(context + [5, 9]) == [(3, 1, 2), (2, 0, 1)]
     ledger.add(12, [1, 2], bucket=3)
     assert ledger.resolve(context + [5, 9, 1, 2]) == [(2, 2, 3)]
+
+
+def test_cost_probes_are_chains_then_four_branch_trees():
+    from backends.core.costs import interpolate, probe, probe_sizes
+
+    assert probe_sizes(8) == list(range(9))
+    assert probe_sizes(40) == list(range(17)) + [32, 40]
+    assert probe(7, 3).is_chain
+    tree = probe(7, 30)
+    assert tree.size == 30 and sum(p < 0 for p in tree.parents) == 4  # four root branches
+    assert interpolate([0, 16, 24], [1.0, 17.0, 21.0])[20] == pytest.approx(19.0)
+
+
+def test_method_selector_learns_the_fastest_arm_per_kind_of_prompt_and_falls_back_to_plain():
+    from backends.drafters.auto import PLAIN, MethodSelector
+
+    # tokens per plain-forward unit of cost, per kind of prompt and arm
+    truth = {"long": {"pld": 1.5, "all": 1.2}, "short": {"pld": 0.95, "all": 1.15}, "hard": {"pld": 0.9, "all": 0.8}}
+    selector = MethodSelector(["pld", "all"], min_tries=2, probe_every=4, max_interval=16)
+    played: dict[str, list[str]] = {kind: [] for kind in truth}
+    for _ in range(60):
+        for kind, speeds in truth.items():
+            arm = selector.choose(kind)
+            played[kind].append(arm)
+            if arm != PLAIN:
+                selector.add(100, 100 / speeds[arm])
+    selector.close()
+    last = {kind: arms[-30:] for kind, arms in played.items()}
+    assert last["long"].count("pld") > 25 and last["short"].count("all") > 25
+    assert last["hard"].count(PLAIN) > 25  # every drafting arm is slower: plain decoding
+    assert selector.speeds()["long"]["pld"] == pytest.approx(1.5)
+    assert all(arms[:4].count(a) == 2 for arms in played.values() for a in ("pld", "all"))  # tried before judged

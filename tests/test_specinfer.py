@@ -118,19 +118,42 @@ def test_real_model_specinfer_matches_plain_greedy(smollm_session):
     check_method_matches_ar(smollm_session, "specinfer", {"adaptive": False})
 
 
-def test_auto_merges_every_drafter_the_session_has(smollm_session, smollm_q4_path, tmp_path):
-    from backends.drafters.pld import PLDDrafter
+def test_auto_arms_are_prompt_lookup_and_every_drafter_merged(smollm_session, smollm_q4_path, tmp_path):
+    from backends.drafters.auto import AutoDrafter
     from backends.factory import Session, SessionConfig
     from tests.test_rest import _text_store
 
-    merged = smollm_session.drafter("auto", SamplingSettings())
-    assert isinstance(merged, SpecInferDrafter)
+    auto = smollm_session.drafter("auto", SamplingSettings())
+    assert isinstance(auto, AutoDrafter) and list(auto.arms) == ["pld", "specinfer:pld,draft"]
+    merged = auto.arms["specinfer:pld,draft"]
     assert [type(d).__name__ for d in merged.drafters] == ["PLDDrafter", "DraftModelDrafter"]
     store = _text_store(tmp_path, smollm_session)
-    with_rest = smollm_session.drafter("auto", SamplingSettings(), datastore=store)
+    with_rest = smollm_session.drafter("auto", SamplingSettings(), datastore=store).arms["specinfer:pld,draft,rest"]
     assert [type(d).__name__ for d in with_rest.drafters] == ["PLDDrafter", "RESTDrafter", "DraftModelDrafter"]  # free ones first
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as alone:
-        assert isinstance(alone.drafter("auto", SamplingSettings()), PLDDrafter)
+        assert list(alone.drafter("auto", SamplingSettings()).arms) == ["pld"]
+
+
+def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session):
+    # every answer's arm is booked with the selector when the next starts; output stays ar's
+    from backends.core.engine import generate
+    from tests.test_real_models import GREEDY
+
+    prompt = smollm_session.model.chat_prompt([{"role": "user", "content": "Count from 1 to 20."}])
+    smollm_session.reset()
+    ref = list(smollm_session.generate("ar", prompt, GREEDY))[-1]
+    arms = []
+    for _ in range(6):
+        smollm_session.reset()
+        drafter = smollm_session.drafter("auto", GREEDY.sampling)
+        got = list(generate(smollm_session.target, drafter, prompt, GREEDY, method="auto"))[-1]
+        assert got.tokens == ref.tokens
+        arms.append(drafter.arm)
+    assert set(arms[:4]) == {"pld", "specinfer:pld,draft"}  # each arm is tried twice first
+    selector = drafter.selector
+    selector.close()
+    speeds = selector.speeds()["short"]
+    assert speeds["ar"] == 1.0 and all(v > 0 for v in speeds.values())
 
 
 def test_merged_tree_is_cut_to_what_pays_and_drafters_only_book_verified_nodes():

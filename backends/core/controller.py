@@ -271,3 +271,75 @@ class TreeLedger:
                 still_open.append(item)
         self._open = still_open
         return done
+
+
+class Bandit:
+    """Which of several arms to play: the one with the best measured gain per unit of cost.
+
+    An arm's record is its gain (tokens emitted) and cost (in single-forward units), both with
+    exponential forgetting. The ``baseline`` arm (plain decoding) is worth exactly 1 and needs no
+    trials. Every other arm is tried ``min_tries`` times first; after that the best one plays,
+    and an arm that lost is tried again once after ``probe_every`` rounds, then after twice as
+    many, and so on up to ``max_interval``: re-checking an arm that keeps losing costs less and
+    less, while one that starts winning (a fuller pool, a quieter machine, another kind of
+    prompt) is found again.
+
+    Example: arms ``a`` (2 tokens for 1.5 forwards) and ``b`` (1 for 1.2): after the trials ``a``
+    plays, at 1.33x; with ``a`` at 1 token for 1.5 the baseline (1.0x) would play instead.
+    """
+
+    def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4,
+                 probe_every: int = 32, max_interval: int = 2048, decay: float = 0.97) -> None:
+        self.baseline = baseline
+        self.arms = [a for a in dict.fromkeys(arms) if a != baseline]
+        self.min_tries, self.probe_every, self.max_interval, self.decay = min_tries, probe_every, max_interval, decay
+        self._gain = {a: 0.0 for a in self.arms}
+        self._cost = {a: 0.0 for a in self.arms}
+        self._tries = {a: 0 for a in self.arms}
+        self._last = {a: 0 for a in self.arms}
+        self._interval = {a: probe_every for a in self.arms}
+        self.chosen: dict[Hashable, int] = {}
+        self._round = 0
+
+    def speed(self, arm: Hashable) -> float:
+        """Gain per unit of cost (1.0 for the baseline and for an arm never measured)."""
+        if arm == self.baseline or self._cost.get(arm, 0.0) <= 0.0:
+            return 1.0
+        return self._gain[arm] / self._cost[arm]
+
+    def tries(self, arm: Hashable) -> int:
+        return self._tries.get(arm, 0)
+
+    def best(self) -> Hashable:
+        return max([self.baseline, *self.arms], key=self.speed)
+
+    def choose(self) -> Hashable:
+        self._round += 1
+        untried = [a for a in self.arms if self._tries[a] < self.min_tries]
+        best = self.best()
+        due = [a for a in self.arms if a != best and self.probe_every
+               and self._round - self._last[a] >= self._interval[a]]
+        if untried:
+            arm = untried[0]
+        elif due:
+            arm = min(due, key=self._last.__getitem__)
+            self._interval[arm] = min(self._interval[arm] * 2, self.max_interval)
+        else:
+            arm = best
+            if arm != self.baseline:
+                self._interval[arm] = self.probe_every  # a winner is re-checked promptly if it loses
+        self.chosen[arm] = self.chosen.get(arm, 0) + 1
+        if arm != self.baseline:
+            self._last[arm] = self._round
+        return arm
+
+    def update(self, arm: Hashable, gain: float, cost: float) -> None:
+        if arm not in self._gain:
+            return
+        self._tries[arm] += 1
+        self._gain[arm] = self._gain[arm] * self.decay + gain
+        self._cost[arm] = self._cost[arm] * self.decay + cost
+
+    def settled(self) -> Hashable:
+        """The arm chosen most often so far (what this machine settled on)."""
+        return max(self.chosen, key=self.chosen.__getitem__) if self.chosen else self.baseline

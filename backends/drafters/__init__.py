@@ -17,6 +17,7 @@ from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
 from backends.core.types import HIDDEN_STATES, TREE, SamplingSettings
 from backends.drafters.ar import ARDrafter, ARSettings
+from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
@@ -178,10 +179,14 @@ def _auto_names(settings: AutoSettings, res: DrafterResources) -> list[str]:
 
 
 def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
+    """Arms: prompt lookup alone, and every drafter merged (when there is more than prompt lookup)."""
     names = _auto_names(settings, res)
-    if len(names) == 1:
-        return _build_pld(PLDSettings(), res)
-    return _build_specinfer(SpecInferSettings(drafters=",".join(names), rest_datastore=settings.datastore), res)
+    arms = {"pld": _build_pld(PLDSettings(), res)}
+    if len(names) > 1:
+        merged = SpecInferSettings(drafters=",".join(names), rest_datastore=settings.datastore)
+        arms["specinfer:" + merged.drafters] = _build_specinfer(merged, res)
+    selector = res.memory.setdefault(("auto", settings, tuple(arms)), MethodSelector(list(arms)))
+    return AutoDrafter(arms, costs=res.costs() or CostModel.from_relative([1.0] * 17), selector=selector)
 
 
 REGISTRY: dict[str, MethodSpec] = {
@@ -190,8 +195,8 @@ REGISTRY: dict[str, MethodSpec] = {
         MethodSpec("ar", "plain decoding, one token per forward: the baseline", ARSettings, lambda s, r: ARDrafter(s)),
         MethodSpec(
             "auto",
-            "every drafter this session has (prompt lookup, the draft model, a datastore) merged into one tree; "
-            "each drafts only when its measured costs and acceptance say it pays",
+            "per prompt, whichever has been fastest here on such prompts: prompt lookup, every drafter this "
+            "session has (draft model, datastore) merged into one tree, or plain decoding",
             AutoSettings,
             _build_auto,
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.6, "code": 0.6, "rag": 0.55}),

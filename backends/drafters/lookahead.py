@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from backends.core.controller import cost_at
+from backends.core.controller import Bandit, cost_at
 from backends.core.costs import CostModel
 from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.specinfer import merge
@@ -94,69 +94,21 @@ class NgramPool:
         return sum(len(b) for b in self._by_first.values())
 
 
-class ShapeBandit:
+class ShapeBandit(Bandit):
     """Which (W, G) to verify: the shape with the best measured tokens per unit of verify cost.
 
     Each shape's record is emitted tokens and relative verify cost (from the cost model, so a
-    noisy wall clock does not decide), both with exponential forgetting. Plain decoding, (0, 0),
-    is worth exactly 1 and needs no trials. Every shape is tried ``min_tries`` times first; after
-    that the best one runs, and a shape that lost is tried again once after ``probe_every``
-    steps, then after twice as many, and so on (up to ``max_interval``), so re-checking a shape
-    that keeps losing costs less and less while one that starts winning (a fuller pool, a quieter
-    machine) is found again.
+    noisy wall clock does not decide). Plain decoding, (0, 0), is the baseline worth exactly 1.
     """
 
     def __init__(self, shapes: Sequence[tuple[int, int]], *, min_tries: int = 4, probe_every: int = 32,
                  max_interval: int = 2048, decay: float = 0.97) -> None:
-        self.shapes = [s for s in dict.fromkeys(shapes) if s != (0, 0)]
-        self.min_tries, self.probe_every, self.max_interval, self.decay = min_tries, probe_every, max_interval, decay
-        self._tokens = {s: 0.0 for s in self.shapes}
-        self._cost = {s: 0.0 for s in self.shapes}
-        self._tries = {s: 0 for s in self.shapes}
-        self._last = {s: 0 for s in self.shapes}
-        self._interval = {s: probe_every for s in self.shapes}
-        self.chosen: dict[tuple[int, int], int] = {}
-        self._step = 0
+        super().__init__(shapes, baseline=(0, 0), min_tries=min_tries, probe_every=probe_every,
+                         max_interval=max_interval, decay=decay)
 
-    def speed(self, shape: tuple[int, int]) -> float:
-        """Tokens per unit of cost relative to plain decoding (1.0 for plain decoding)."""
-        if shape == (0, 0) or self._cost.get(shape, 0.0) <= 0.0:
-            return 1.0
-        return self._tokens[shape] / self._cost[shape]
-
-    def best(self) -> tuple[int, int]:
-        return max([(0, 0), *self.shapes], key=self.speed)
-
-    def choose(self) -> tuple[int, int]:
-        self._step += 1
-        untried = [s for s in self.shapes if self._tries[s] < self.min_tries]
-        best = self.best()
-        due = [s for s in self.shapes if s != best and self.probe_every
-               and self._step - self._last[s] >= self._interval[s]]
-        if untried:
-            shape = untried[0]
-        elif due:
-            shape = min(due, key=self._last.__getitem__)
-            self._interval[shape] = min(self._interval[shape] * 2, self.max_interval)
-        else:
-            shape = best
-            if shape != (0, 0):
-                self._interval[shape] = self.probe_every  # a winner is re-checked promptly if it loses
-        self.chosen[shape] = self.chosen.get(shape, 0) + 1
-        if shape != (0, 0):
-            self._last[shape] = self._step
-        return shape
-
-    def update(self, shape: tuple[int, int], tokens: int, cost: float) -> None:
-        if shape not in self._tokens:
-            return
-        self._tries[shape] += 1
-        self._tokens[shape] = self._tokens[shape] * self.decay + tokens
-        self._cost[shape] = self._cost[shape] * self.decay + cost
-
-    def settled(self) -> tuple[int, int]:
-        """The shape chosen most often so far (what this machine settled on)."""
-        return max(self.chosen, key=self.chosen.__getitem__) if self.chosen else (0, 0)
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        return self.arms
 
 
 def default_shapes(settings: LookaheadSettings) -> list[tuple[int, int]]:

@@ -1,0 +1,116 @@
+"""``auto``: per prompt, the method that has been fastest here on this kind of prompt.
+
+Which method pays depends on the machine (a draft model that wins on a GPU loses on 2 CPU cores,
+where one of its forwards costs 0.8 of the target's), on the model, and on the prompt: prompt
+lookup shines where the answer quotes a long document, a draft model on free chat. So ``auto``
+measures instead of guessing. Its arms are the session's methods: prompt lookup alone, every
+drafter the session has merged through SpecInfer (when there is more than prompt lookup), and
+plain decoding as the baseline. Each answer plays one arm, chosen by a ``Bandit`` kept per kind
+of prompt (short chat prompts, long documents) for the whole session.
+
+An answer's score is its speed relative to plain decoding: the tokens it emitted over its time in
+single-forward units, ``(verify seconds + the arm's own drafting seconds) / t1``, where ``t1`` is
+the cost model's current time of one plain forward at that context. The cost model follows the
+machine's load, so a busy neighbour slows the arm and ``t1`` alike and the ratio stays fair.
+
+Each arm keeps its own controller, so inside an answer it still drafts only as long as drafting
+pays; ``auto`` picks between controllers that know different things.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Hashable, Mapping, Sequence
+
+from backends.core.controller import Bandit
+from backends.core.costs import CostModel
+from backends.core.protocols import Drafter
+from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
+
+PLAIN = "ar"  # the baseline arm: draft nothing
+LONG_PROMPT = 256  # tokens; longer prompts are mostly documents to summarize, rework or answer from
+
+
+def prompt_kind(prompt: Sequence[int]) -> str:
+    """The kind of prompt a choice is remembered for: ``short`` (chat) or ``long`` (documents)."""
+    return "long" if len(prompt) >= LONG_PROMPT else "short"
+
+
+class MethodSelector:
+    """A bandit per kind of prompt over the arms, and the tally of the answer being played.
+
+    Lives in the session's memory, so what one answer measured decides the next. The running
+    answer's tally is booked when the next answer starts (a drafter is not told that an answer
+    ended; a cancelled one counts too).
+    """
+
+    def __init__(self, arms: Sequence[str], *, min_tries: int = 2, probe_every: int = 4,
+                 max_interval: int = 64, decay: float = 0.9) -> None:
+        self.arms = list(arms)
+        self._make = lambda: Bandit(self.arms, baseline=PLAIN, min_tries=min_tries, probe_every=probe_every,
+                                    max_interval=max_interval, decay=decay)
+        self.bandits: dict[Hashable, Bandit] = {}
+        self._open: tuple[Hashable, str] | None = None
+        self._tokens = 0.0
+        self._cost = 0.0
+
+    def choose(self, kind: Hashable) -> str:
+        self.close()
+        arm = self.bandits.setdefault(kind, self._make()).choose()
+        self._open = (kind, arm)
+        return arm
+
+    def add(self, tokens: int, cost: float) -> None:
+        """One step of the running answer: tokens emitted and their cost in plain forwards."""
+        self._tokens += tokens
+        self._cost += cost
+
+    def close(self) -> None:
+        """Book the running answer's tally with its bandit."""
+        if self._open is not None and self._tokens > 0:
+            kind, arm = self._open
+            self.bandits[kind].update(arm, self._tokens, self._cost)
+        self._open, self._tokens, self._cost = None, 0.0, 0.0
+
+    def speeds(self) -> dict[Hashable, dict[str, float]]:
+        """Measured speed of every arm per kind of prompt (for reports)."""
+        return {kind: {arm: b.speed(arm) for arm in [PLAIN, *b.arms]} for kind, b in self.bandits.items()}
+
+
+class AutoDrafter:
+    """Plays the arm the selector picks for this prompt and scores it."""
+
+    def __init__(self, arms: Mapping[str, Drafter], *, costs: CostModel, selector: MethodSelector,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.arms = dict(arms)
+        self.requires = frozenset().union(*(d.requires for d in self.arms.values()))
+        self.costs = costs
+        self.selector = selector
+        self.clock = clock
+        self.arm = PLAIN
+        self._drafter: Drafter | None = None
+        self._context_len = 0
+        self._own = 0.0  # seconds this step spent drafting and observing
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.arm = self.selector.choose(prompt_kind(prompt))
+        self._drafter = self.arms.get(self.arm)
+        if self._drafter is not None:
+            self._drafter.begin(prompt)
+
+    def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
+        start = self.clock()
+        self._context_len = len(context)
+        proposal = EMPTY_PROPOSAL if self._drafter is None else self._drafter.propose(context, budget)
+        self._own = self.clock() - start
+        return proposal
+
+    def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        start = self.clock()
+        if self._drafter is None:
+            self.costs.observe(0, self._context_len, out.seconds)  # plain decoding keeps the cost model current
+        else:
+            self._drafter.observe(out, verdict)
+        own = self._own + self.clock() - start
+        one = self.costs.seconds(0, self._context_len)
+        self.selector.add(len(verdict.tokens), (out.seconds + own) / one if one > 0 else 1.0)
