@@ -291,6 +291,7 @@ def make_record(method: str, prompt: BenchPrompt, repeats: list[list[TurnRun]], 
         "matches_ar": div is None, "divergence_margin": None if div is None else div["margin"], "divergence": div,
         "other_cpu": max(r.other_cpu for rs in repeats for r in rs), "finish_reasons": [r.stats.finish_reason for r in runs],
         "text": "\n\n".join(r.text for r in runs), "peer": peer, "joules_per_token": joules_per_token(sampler, runs),
+        "played": [r.stats.played for r in runs],  # per turn, what auto chose
     }
     if ar is not None:
         ar_rate = statistics.median(decode_rate(r) for r in ar)
@@ -447,8 +448,10 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
     runners = {m: PeerRunner(session, m) if m in PEERS else EngineRunner(session, m, config.method_settings.get(m, {}))
                for m in methods}
     for context in costs.contexts:
+        rel = costs.relative(context)
+        shown = list(range(min(len(rel), 17))) + [k for k in (32, 64) if k < len(rel)]
         print(f"verify cost at {context} tokens of context (relative to one token): "
-              + ", ".join(f"{c:.2f}" for c in costs.relative(context)), file=progress)
+              + ", ".join(f"{k}: {rel[k]:.2f}" for k in shown), file=progress)
     for m, runner in runners.items():  # warm-up, excluded from every figure
         play(runner, session, BenchPrompt(0, "warmup", ("Say hello.",)), replace(gen, max_new_tokens=16))
     records = []

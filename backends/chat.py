@@ -31,7 +31,7 @@ HELP = """commands:
 
 def format_stats(stats: RunStats) -> str:
     """One line a person can read at a glance."""
-    parts = [stats.method or "?"]
+    parts = [(stats.method or "?") + (f" → {stats.played}" if stats.played else "")]
     if stats.decode_tok_s == stats.decode_tok_s:  # not NaN
         parts.append(f"{stats.decode_tok_s:.1f} tok/s decode")
     if stats.prompt_tok_s == stats.prompt_tok_s:

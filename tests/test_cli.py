@@ -105,13 +105,18 @@ def test_bench_runs_methods_and_peers_side_by_side(tmp_path, smollm_f16_path):
 
 def test_bench_cli_writes_json_and_csv(tmp_path):
     js, cs = tmp_path / "b.json", tmp_path / "b.csv"
-    result = specdeck("bench", "--model", "smollm2-135m-q4_1", "--methods", "ar,pld", "--prompts", str(SAMPLE),
+    result = specdeck("bench", "--model", "smollm2-135m-q4_1", "--methods", "ar,pld,auto", "--prompts", str(SAMPLE),
                       "--per-category", "1", "--categories", "translation", "--max-new-tokens", "8",
                       "--json", str(js), "--csv", str(cs))
     assert result.returncode == 0, result.stderr
     assert "| method |" in result.stdout
     data = json.loads(js.read_text())
-    assert {r["method"] for r in data["records"]} == {"ar", "pld"}
+    assert {r["method"] for r in data["records"]} == {"ar", "pld", "auto"}
+    # auto says what it played for each turn, and the report counts it (the warm-up included)
+    (auto,) = [r for r in data["records"] if r["method"] == "auto"]
+    assert auto["played"] and set(auto["played"]) <= {"pld", "ar"}
+    played = sum(arm["played"] for kinds in data["meta"]["auto_choices"].values() for arm in kinds.values())
+    assert played == 1 + len(auto["played"]) and "auto on short prompts" in result.stdout
     assert cs.read_text().splitlines()[0].startswith("method,category,question_id")
 
 

@@ -323,3 +323,18 @@ def test_method_selector_learns_the_fastest_arm_per_kind_of_prompt_and_falls_bac
     assert last["hard"].count(PLAIN) > 25  # every drafting arm is slower: plain decoding
     assert selector.speeds()["long"]["pld"] == pytest.approx(1.5)
     assert all(arms[:4].count(a) == 2 for arms in played.values() for a in ("pld", "all"))  # tried before judged
+
+
+def test_bandit_margin_gives_near_ties_to_the_simpler_arm():
+    from backends.core.controller import Bandit
+
+    def best(a: float, b: float):
+        bandit = Bandit(["a", "b"], baseline="ar", min_tries=1, margin=0.03)
+        bandit.update("a", a * 100, 100)
+        bandit.update("b", b * 100, 100)
+        return bandit.best()
+
+    assert best(1.10, 1.12) == "a"  # within 3%: the arm listed first
+    assert best(1.10, 1.15) == "b"
+    assert best(0.98, 0.90) == "a"  # slightly slower than plain decoding is a tie too
+    assert best(0.96, 0.95) == "ar"

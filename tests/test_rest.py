@@ -13,7 +13,7 @@ from backends.core.controller import TreeLedger, TreeSizer
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.types import Budget, GenerationSettings, SamplingSettings
-from backends.drafters.rest import RESTDrafter, RESTSettings, rank
+from backends.drafters.rest import RESTDrafter, RESTSettings, match_class, rank
 from backends.models.datastore import (
     Datastore,
     DatastoreError,
@@ -78,6 +78,24 @@ def test_lookup_finds_the_longest_suffix_and_counts_its_continuations(tmp_path, 
         got[paths[i]] = int(cont.counts[i])
     assert got == expected
     assert all(-1 not in p for p in paths)  # nothing runs across a document boundary
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lookups_bounded_by_the_previous_match_find_what_a_full_search_finds(tmp_path, seed):
+    # the drafter starts each search at (previous match + tokens appended since); on a growing
+    # context, with steps skipped now and then, it must find exactly the longest match
+    rng = np.random.default_rng(seed)
+    docs = [rng.integers(0, 5, size=int(rng.integers(20, 200))).tolist() for _ in range(3)]
+    store = _store(tmp_path, docs)
+    drafter = RESTDrafter(store, RESTSettings(datastore="x", min_match=2, max_match=10))
+    context = rng.integers(0, 5, size=3).tolist()
+    drafter.begin(context)
+    for _ in range(120):
+        context += rng.integers(0, 5, size=int(rng.integers(1, 3))).tolist()
+        if rng.random() < 0.7:
+            full = store.continuations(context, max_len=10, min_len=2, depth=8, samples=256).matched
+            assert match_class(full) == drafter.lookup(context).bucket
+            assert drafter._match[0] == max(full, 1)
 
 
 def test_rank_puts_parents_first_and_shares_never_grow_down_the_tree(tmp_path):

@@ -148,6 +148,7 @@ def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session):
         drafter = smollm_session.drafter("auto", GREEDY.sampling)
         got = list(generate(smollm_session.target, drafter, prompt, GREEDY, method="auto"))[-1]
         assert got.tokens == ref.tokens
+        assert got.stats.played == drafter.arm  # the footer says what was played
         arms.append(drafter.arm)
     assert set(arms[:4]) == {"pld", "specinfer:pld,draft"}  # each arm is tried twice first
     selector = drafter.selector

@@ -278,7 +278,7 @@ class Bandit:
 
     An arm's record is its gain (tokens emitted) and cost (in single-forward units), both with
     exponential forgetting. The ``baseline`` arm (plain decoding) is worth exactly 1 and needs no
-    trials. Every other arm is tried ``min_tries`` times first; after that the best one plays,
+    trials; it plays only when every other arm is slower. Every other arm is tried ``min_tries`` times first; after that the best one plays,
     and an arm that lost is tried again once after ``probe_every`` rounds, then after twice as
     many, and so on up to ``max_interval``: re-checking an arm that keeps losing costs less and
     less, while one that starts winning (a fuller pool, a quieter machine, another kind of
@@ -289,8 +289,9 @@ class Bandit:
     """
 
     def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4,
-                 probe_every: int = 32, max_interval: int = 2048, decay: float = 0.97) -> None:
+                 probe_every: int = 32, max_interval: int = 2048, decay: float = 0.97, margin: float = 0.0) -> None:
         self.baseline = baseline
+        self.margin = margin
         self.arms = [a for a in dict.fromkeys(arms) if a != baseline]
         self.min_tries, self.probe_every, self.max_interval, self.decay = min_tries, probe_every, max_interval, decay
         self._gain = {a: 0.0 for a in self.arms}
@@ -311,7 +312,13 @@ class Bandit:
         return self._tries.get(arm, 0)
 
     def best(self) -> Hashable:
-        return max([self.baseline, *self.arms], key=self.speed)
+        """The fastest arm, where an arm listed later (the baseline last) must beat the ones before
+        it by ``margin``: with estimates this noisy, a near-tie goes to the simpler arm."""
+        best = self.arms[0] if self.arms else self.baseline
+        for arm in [*self.arms[1:], self.baseline]:
+            if self.speed(arm) > self.speed(best) * (1.0 + self.margin):
+                best = arm
+        return best
 
     def choose(self) -> Hashable:
         self._round += 1

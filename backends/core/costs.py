@@ -122,23 +122,29 @@ class CostModel:
         """A context-independent model from relative costs (tests, GPUs with flat curves)."""
         return cls({0: list(costs)})
 
+    def _segment(self, context: int) -> tuple[int, float]:
+        """The pair of measured contexts to interpolate between, and how far along ``context`` is."""
+        i = min(max(bisect.bisect_right(self.contexts, context) - 1, 0), len(self.contexts) - 2)
+        c0, c1 = self.contexts[i], self.contexts[i + 1]
+        return i, (context - c0) / (c1 - c0)
+
     def _row(self, context: int) -> np.ndarray:
         """Measured seconds for k = 0..k_max at ``context``, inter- or extrapolated."""
         if len(self.contexts) == 1:
             return self._curves[0]
-        if self._last_row[0] == context:  # asked several times per step
-            return self._last_row[1]
-        self._last_row = (context, self._interpolated(context))
+        if self._last_row[0] != context:  # asked several times per step
+            i, frac = self._segment(context)
+            t0, t1 = self._curves[i], self._curves[i + 1]
+            self._last_row = (context, np.maximum(t0 + (t1 - t0) * frac, 1e-9))
         return self._last_row[1]
 
-    def _interpolated(self, context: int) -> np.ndarray:
-        i = min(max(bisect.bisect_right(self.contexts, context) - 1, 0), len(self.contexts) - 2)
-        c0, c1 = self.contexts[i], self.contexts[i + 1]
-        t0, t1 = self._curves[i], self._curves[i + 1]
-        return np.maximum(t0 + (t1 - t0) * ((context - c0) / (c1 - c0)), 1e-9)
-
     def _measured(self, k: int, context: int) -> float:
-        return float(self._row(context)[k])
+        """One entry of ``_row`` without building the row (asked every step, at a new context)."""
+        if len(self.contexts) == 1:
+            return float(self._curves[0, k])
+        i, frac = self._segment(context)
+        t0, t1 = float(self._curves[i, k]), float(self._curves[i + 1, k])
+        return max(t0 + (t1 - t0) * frac, 1e-9)
 
     def seconds(self, k: int, context: int) -> float:
         k = min(k, self.k_max)

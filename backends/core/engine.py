@@ -66,6 +66,7 @@ def generate(
     reused = target.prefill(prompt[:-1])
     drafter.begin(prompt)
     stats = StatsRecorder(method, len(prompt))
+    stats.played = str(getattr(drafter, "playing", "") or "")  # e.g. the arm auto chose for this answer
     stats.prefilled(reused, clock() - t0)
     yield Prefilled(prompt_tokens=len(prompt), reused_tokens=reused, seconds=stats.prefill_s)
 

@@ -14,6 +14,7 @@ from backends.core.types import RunStats, Verdict
 class StatsRecorder:
     def __init__(self, method: str, prompt_tokens: int) -> None:
         self.method = method
+        self.played = ""
         self.prompt_tokens = prompt_tokens
         self.reused_tokens = 0
         self.prefill_s = 0.0
@@ -74,4 +75,5 @@ class StatsRecorder:
             drafted_at=tuple(self.drafted_at),
             accepted_at=tuple(self.accepted_at),
             finish_reason=reason,
+            played=self.played,
         )

@@ -215,6 +215,7 @@ class RunStats:
     drafted_at: tuple[int, ...]  # steps that drafted position d + 1
     accepted_at: tuple[int, ...]  # steps that accepted position d + 1
     finish_reason: str
+    played: str = ""  # what a method that chooses per answer (auto) played, e.g. "pld"
 
     @property
     def prompt_tok_s(self) -> float:

@@ -13,6 +13,12 @@ single-forward units, ``(verify seconds + the arm's own drafting seconds) / t1``
 the cost model's current time of one plain forward at that context. The cost model follows the
 machine's load, so a busy neighbour slows the arm and ``t1`` alike and the ratio stays fair.
 
+Arms are listed simplest first: prompt lookup, the merged drafters, then plain decoding. A later
+arm plays only if it measured 3% faster than every one before it: one answer's speed scatters by
+10% or more around the arm's mean (how much of the answer repeats its prompt varies), so on a
+near-tie the cheaper arm is the safer bet, and plain decoding takes over only from arms that
+measured clearly slower.
+
 Each arm keeps its own controller, so inside an answer it still drafts only as long as drafting
 pays; ``auto`` picks between controllers that know different things.
 """
@@ -44,11 +50,11 @@ class MethodSelector:
     ended; a cancelled one counts too).
     """
 
-    def __init__(self, arms: Sequence[str], *, min_tries: int = 2, probe_every: int = 4,
-                 max_interval: int = 64, decay: float = 0.9) -> None:
+    def __init__(self, arms: Sequence[str], *, min_tries: int = 3, probe_every: int = 4,
+                 max_interval: int = 64, decay: float = 0.95, margin: float = 0.03) -> None:
         self.arms = list(arms)
         self._make = lambda: Bandit(self.arms, baseline=PLAIN, min_tries=min_tries, probe_every=probe_every,
-                                    max_interval=max_interval, decay=decay)
+                                    max_interval=max_interval, decay=decay, margin=margin)
         self.bandits: dict[Hashable, Bandit] = {}
         self._open: tuple[Hashable, str] | None = None
         self._tokens = 0.0
@@ -91,6 +97,11 @@ class AutoDrafter:
         self._drafter: Drafter | None = None
         self._context_len = 0
         self._own = 0.0  # seconds this step spent drafting and observing
+
+    @property
+    def playing(self) -> str:
+        """The arm of the current answer (shown in stats footers)."""
+        return self.arm
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.arm = self.selector.choose(prompt_kind(prompt))

@@ -164,8 +164,9 @@ class LookaheadDrafter:
     # -- observe ---------------------------------------------------------------------------
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.costs.observe(verdict.drafted, self._context_len, out.seconds)
-        cost = cost_at(self.costs.relative(self._context_len), verdict.drafted)
-        self.bandit.update(self._shape, len(verdict.tokens), cost)
+        if self._shape != self.bandit.baseline:  # plain decoding is worth 1 by definition
+            cost = cost_at(self.costs.relative(self._context_len), verdict.drafted)
+            self.bandit.update(self._shape, len(verdict.tokens), cost)
         predictions = self._predictions(out)
         self._collect(predictions)
         new_len = self._context_len + len(verdict.tokens)

@@ -113,11 +113,20 @@ class RESTDrafter:
         self._probs: list[float] = []
         self._bucket = 0
         self._context_len = len(prompt)
+        self._match: tuple[int, int] | None = None  # (longest match length, context length) of the last lookup
 
     def lookup(self, context: Sequence[int]) -> RankedTree:
+        """The ranked continuations of the longest suffix of ``context`` found in the datastore.
+
+        A suffix that matches now extends one that matched before, so the longest match can be
+        at most the previous one plus the tokens appended since: the search for its length starts
+        there (most steps then cost one binary search instead of four).
+        """
         s = self.settings
-        cont = self.store.continuations(context, max_len=s.max_match, min_len=s.min_match, depth=s.max_depth,
-                                        samples=s.samples)
+        bound = s.max_match if self._match is None else self._match[0] + len(context) - self._match[1]
+        cont = self.store.continuations(context, max_len=min(s.max_match, bound), min_len=s.min_match,
+                                        depth=s.max_depth, samples=s.samples)
+        self._match = (cont.matched or s.min_match - 1, len(context))
         return rank(cont, s.max_depth)
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
