@@ -103,6 +103,8 @@ def project(verdict: Verdict, proposal: Proposal, mapping: Sequence[int]) -> Ver
     was pruned before it; ``drafted`` and ``draft_depth`` count only verified nodes, so a drafter
     never books a guess that was not checked as rejected.
     """
+    if not any(m >= 0 for m in mapping):  # none of its nodes was verified
+        return Verdict(path=(), tokens=verdict.tokens, drafted=0, draft_depth=0)
     owner = {merged: local for local, merged in enumerate(mapping) if merged >= 0}
     path: list[int] = []
     for merged in verdict.path:
@@ -186,6 +188,9 @@ class SpecInferDrafter:
             estimate = getattr(drafter, "path_probs", None)
             if prop.size and estimate is not None and _ask_cost(drafter) == 0:
                 confident = max(confident, float(sum(estimate(prop))))
+        if not any(prop.size for prop in self._last):  # the common case on a CPU: nobody drafts
+            self._maps = tuple(() for _ in self._last)
+            return EMPTY_PROPOSAL
         tree = merge(self._last)
         probs = merged_path_probs(self.drafters, self._last, tree)
         ranked = np.argsort(-probs, kind="stable")[: budget.max_nodes]  # parents rank before children
