@@ -277,12 +277,12 @@ class Bandit:
     """Which of several arms to play: the one with the best measured gain per unit of cost.
 
     An arm's record is its gain (tokens emitted) and cost (in single-forward units), both with
-    exponential forgetting. The ``baseline`` arm (plain decoding) is worth exactly 1 and needs no
-    trials; it plays only when every other arm is slower. Every other arm is tried ``min_tries`` times first; after that the best one plays,
-    and an arm that lost is tried again once after ``probe_every`` rounds, then after twice as
-    many, and so on up to ``max_interval``: re-checking an arm that keeps losing costs less and
-    less, while one that starts winning (a fuller pool, a quieter machine, another kind of
-    prompt) is found again.
+    exponential forgetting. The ``baseline`` arm (plain decoding) is worth exactly 1, needs no
+    trials and plays only when every other arm is slower. Every other arm is tried ``min_tries``
+    times first; after that the best one plays, and an arm that lost is tried again once after
+    ``probe_every`` rounds, then after twice as many, and so on up to ``max_interval``:
+    re-checking an arm that keeps losing costs less and less, while one that starts winning (a
+    fuller pool, a quieter machine, another kind of prompt) is found again.
 
     Example: arms ``a`` (2 tokens for 1.5 forwards) and ``b`` (1 for 1.2): after the trials ``a``
     plays, at 1.33x; with ``a`` at 1 token for 1.5 the baseline (1.0x) would play instead.
@@ -307,9 +307,6 @@ class Bandit:
         if arm == self.baseline or self._cost.get(arm, 0.0) <= 0.0:
             return 1.0
         return self._gain[arm] / self._cost[arm]
-
-    def tries(self, arm: Hashable) -> int:
-        return self._tries.get(arm, 0)
 
     def best(self) -> Hashable:
         """The fastest arm, where an arm listed later (the baseline last) must beat the ones before
