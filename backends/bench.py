@@ -332,6 +332,7 @@ def _group(rows: list[dict], ar_rows: list[dict]) -> dict:
         return tokens / seconds if seconds else float("nan")
 
     speedups = [r["speedup"] for r in rows if not math.isnan(r["speedup"])]
+    low, high = speedup_interval(rows, ar_rows)
     ideals = [r["ideal_speedup"] for r in rows if not math.isnan(r["ideal_speedup"])]
     drafted = sum(r["drafted"] for r in rows)
     forwards = sum(r["forwards"] for r in rows)
@@ -340,6 +341,7 @@ def _group(rows: list[dict], ar_rows: list[dict]) -> dict:
         "prompts": len(rows),
         "decode_tok_s": rate(rows),
         "speedup": rate(rows) / rate(ar_rows) if ar_rows else float("nan"),
+        "speedup_low": low, "speedup_high": high,
         "mean_prompt_speedup": statistics.fmean(speedups) if speedups else float("nan"),
         "ideal_speedup": statistics.fmean(ideals) if ideals else float("nan"),
         "tau": sum(r["new_tokens"] for r in rows) / forwards if forwards else float("nan"),
@@ -354,6 +356,31 @@ def _group(rows: list[dict], ar_rows: list[dict]) -> dict:
     }
     group["efficiency"] = group["mean_prompt_speedup"] / group["ideal_speedup"] if ideals else float("nan")
     return group
+
+
+def speedup_interval(rows: list[dict], ar_rows: list[dict], *, draws: int = 2000,
+                     coverage: float = 0.9) -> tuple[float, float]:
+    """A bootstrap interval for a group's speedup: prompts resampled with replacement, each
+    method row paired with ``ar``'s row for the same prompt.
+
+    With 10 prompts a category's speedup moves by a few hundredths from run to run (how much an
+    answer repeats its prompt varies a lot between prompts); the interval says how far a
+    figure can be trusted before anyone reads 0.96x against 1.00x as a difference.
+    """
+    ar_by_prompt = {(r["question_id"], r["category"]): r for r in ar_rows}
+    pairs = [(r, ar_by_prompt[(r["question_id"], r["category"])]) for r in rows
+             if (r["question_id"], r["category"]) in ar_by_prompt and r["decode_tok_s"] and r["decode_tok_s"] > 0
+             and ar_by_prompt[(r["question_id"], r["category"])]["decode_tok_s"]]
+    if len(pairs) < 2:
+        return float("nan"), float("nan")
+    # [prompts, 4]: tokens and seconds of the method, then of ar
+    table = np.array([[m["new_tokens"], m["new_tokens"] / m["decode_tok_s"], a["new_tokens"], a["new_tokens"] / a["decode_tok_s"]]
+                      for m, a in pairs], dtype=np.float64)
+    picks = np.random.default_rng(0).integers(0, len(pairs), size=(draws, len(pairs)))  # [draws, prompts]
+    sums = table[picks].sum(axis=1)  # [draws, 4]
+    ratios = (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
+    tail = (1.0 - coverage) / 2
+    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1.0 - tail))
 
 
 def _energy_per_token(rows: list[dict]) -> float | None:
@@ -379,8 +406,8 @@ def markdown(summary: dict, methods: Sequence[str]) -> str:
     for m in methods:
         cells = [_fmt(summary[m].get(c, {}).get("speedup"), "{:.2f}x") for c in cats]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += ["", "| method | category | tok/s | speedup | ideal | efficiency | tau | acceptance | by position "
-              "| draft s | verify s | exact match | divergence margins | noisy runs | J/token |", "|---" * 15 + "|"]
+    lines += ["", "| method | category | tok/s | speedup | 90% interval | ideal | efficiency | tau | acceptance | by position "
+              "| draft s | verify s | exact match | divergence margins | noisy runs | J/token |", "|---" * 16 + "|"]
     for m in methods:
         for c in cats:
             if c in summary[m]:
@@ -393,7 +420,8 @@ def _detail_row(method: str, category: str, g: dict) -> str:
     margins = ", ".join(f"{x:.3f}" for x in g["divergence_margins"][:4]) or "-"
     if len(g["divergence_margins"]) > 4:
         margins += f" (+{len(g['divergence_margins']) - 4}, max {max(g['divergence_margins']):.3f})"
-    return (f"| {method} | {category} | {_fmt(g['decode_tok_s'], '{:.1f}')} | {_fmt(g['speedup'], '{:.2f}x')} "
+    interval = f"{_fmt(g['speedup_low'], '{:.2f}')}-{_fmt(g['speedup_high'], '{:.2f}')}"
+    return (f"| {method} | {category} | {_fmt(g['decode_tok_s'], '{:.1f}')} | {_fmt(g['speedup'], '{:.2f}x')} | {interval} "
             f"| {_fmt(g['ideal_speedup'], '{:.2f}x')} | {_fmt(g['efficiency'], '{:.2f}')} | {_fmt(g['tau'], '{:.2f}')} "
             f"| {_fmt(g['acceptance_rate'], '{:.0%}')} | {by_pos} | {g['draft_s']:.1f} | {g['verify_s']:.1f} "
             f"| {g['exact_match_rate']:.0%} | {margins} | {g['noisy_runs']} | {_fmt(g['joules_per_token'], '{:.3f}')} |")

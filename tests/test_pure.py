@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -338,3 +340,18 @@ def test_bandit_margin_gives_near_ties_to_the_simpler_arm():
     assert best(1.10, 1.15) == "b"
     assert best(0.98, 0.90) == "a"  # slightly slower than plain decoding is a tie too
     assert best(0.96, 0.95) == "ar"
+
+
+def test_bench_speedup_interval_pairs_prompts_and_brackets_the_figure():
+    from backends.bench import speedup_interval
+
+    def row(qid: int, tokens: int, rate: float) -> dict:
+        return {"question_id": qid, "category": "qa", "new_tokens": tokens, "decode_tok_s": rate}
+
+    ar = [row(q, 100, 50.0 + q) for q in range(10)]
+    twice = [row(q, 100, 2 * (50.0 + q)) for q in range(10)]
+    assert speedup_interval(twice, ar) == pytest.approx((2.0, 2.0))  # paired by prompt: no spread at all
+    mixed = [row(q, 100, (50.0 + q) * (1.3 if q % 2 else 0.9)) for q in range(10)]
+    low, high = speedup_interval(mixed, ar)
+    assert 0.9 < low < 1.1 < high < 1.3
+    assert all(math.isnan(x) for x in speedup_interval(mixed[:1], ar))  # one prompt: no interval
