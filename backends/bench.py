@@ -525,12 +525,9 @@ def auto_choices(session: Session) -> dict:
     """What ``auto`` played, per kind of prompt: for each arm, answers played (the warm-up
     included) and the speed it measured relative to plain decoding."""
     out: dict = {}
-    for key, selector in session.memory.items():
+    for selector in session.memory.values():
         if isinstance(selector, MethodSelector):
-            selector.close()
-            for kind, bandit in selector.bandits.items():
-                out[kind] = {arm: {"played": bandit.chosen.get(arm, 0), "speed": bandit.speed(arm)}
-                             for arm in [bandit.baseline, *bandit.arms]}
+            out.update(selector.report())
     return out
 
 

@@ -323,7 +323,7 @@ def test_method_selector_learns_the_fastest_arm_per_kind_of_prompt_and_falls_bac
     last = {kind: arms[-30:] for kind, arms in played.items()}
     assert last["long"].count("pld") > 25 and last["short"].count("all") > 25
     assert last["hard"].count(PLAIN) > 25  # every drafting arm is slower: plain decoding
-    assert selector.speeds()["long"]["pld"] == pytest.approx(1.5)
+    assert selector.report()["long"]["pld"]["speed"] == pytest.approx(1.5)
     assert all(arms[:4].count(a) == 2 for arms in played.values() for a in ("pld", "all"))  # tried before judged
 
 

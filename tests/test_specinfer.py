@@ -151,9 +151,7 @@ def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session):
         assert got.stats.played == drafter.arm  # the footer says what was played
         arms.append(drafter.arm)
     assert set(arms[:4]) == {"pld", "specinfer:pld,draft"}  # each arm is tried twice first
-    selector = drafter.selector
-    selector.close()
-    speeds = selector.speeds()["short"]
+    speeds = {arm: row["speed"] for arm, row in drafter.selector.report()["short"].items()}
     assert speeds["ar"] == 1.0 and all(v > 0 for v in speeds.values())
 
 

@@ -78,9 +78,12 @@ class MethodSelector:
             self.bandits[kind].update(arm, self._tokens, self._cost)
         self._open, self._tokens, self._cost = None, 0.0, 0.0
 
-    def speeds(self) -> dict[Hashable, dict[str, float]]:
-        """Measured speed of every arm per kind of prompt (for reports)."""
-        return {kind: {arm: b.speed(arm) for arm in [PLAIN, *b.arms]} for kind, b in self.bandits.items()}
+    def report(self) -> dict[Hashable, dict[str, dict[str, float]]]:
+        """Per kind of prompt and arm: answers played and measured speed relative to plain decoding
+        (the running answer booked first)."""
+        self.close()
+        return {kind: {arm: {"played": b.chosen.get(arm, 0), "speed": b.speed(arm)} for arm in [PLAIN, *b.arms]}
+                for kind, b in self.bandits.items()}
 
 
 class AutoDrafter:

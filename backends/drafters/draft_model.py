@@ -54,6 +54,7 @@ def _chain_verdict(n: int) -> Verdict:
 
 class DraftModelDrafter:
     ask_cost = 2  # each drafted token costs a forward of the draft model (see specinfer)
+
     def __init__(
         self,
         draft: Target,
