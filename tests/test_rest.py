@@ -3,6 +3,7 @@ drafter on the exact oracle (greedy output identical to plain decoding) and on a
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from backends.core.controller import TreeLedger, TreeSizer
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
-from backends.core.types import Budget, GenerationSettings, SamplingSettings
+from backends.core.types import Budget, GenerationSettings, SamplingSettings, TargetOutput, Verdict
 from backends.drafters.rest import RESTDrafter, RESTSettings, match_class, rank
 from backends.models.datastore import (
     Datastore,
@@ -161,10 +162,12 @@ def _oracle_store(tmp_path: Path, oracle: OracleTarget, seed: int, sampling: Sam
     return _store(tmp_path, docs, name=f"oracle{seed}")
 
 
+@pytest.mark.parametrize("conversation", [False, True])
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
-def test_rest_output_equals_plain_greedy(tmp_path, penalty):
+def test_rest_output_equals_plain_greedy(tmp_path, penalty, conversation):
     def make(oracle, seed, sampling):
-        return RESTDrafter(_oracle_store(tmp_path, oracle, seed, sampling), RESTSettings(min_match=1), costs=COSTS)
+        return RESTDrafter(_oracle_store(tmp_path, oracle, seed, sampling), RESTSettings(min_match=1, conversation=conversation),
+                           costs=COSTS)
 
     assert drafted_matching_plain_greedy(make, method="rest", penalty=penalty, seeds=range(12), longest_prompt=30) > 0
 
@@ -175,15 +178,33 @@ def test_rest_speeds_up_text_the_datastore_holds(tmp_path):
     prompt = [5, 9, 2, 7]
     answer = plain_greedy(oracle, prompt, 64, sampling)
     store = _store(tmp_path, [[1, 1] + prompt + answer])  # an earlier chat with the same question
-    drafter = RESTDrafter(store, RESTSettings(), costs=COSTS)
+    drafter = RESTDrafter(store, RESTSettings(conversation=False), costs=COSTS)
     stats = run(oracle, drafter, prompt, GenerationSettings(max_new_tokens=64)).stats
     assert stats.tau > 2.0 and stats.forwards < 32
+
+
+def test_the_conversation_drafts_what_the_datastore_lacks_and_learns_apart(tmp_path):
+    store = _store(tmp_path, [[31, 30] * 50])  # nothing like the conversation
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7]  # the text is repeating itself
+    alone = RESTDrafter(store, RESTSettings(conversation=False), costs=COSTS)
+    alone.begin(context)
+    assert alone.propose(context, Budget(max_nodes=16, max_depth=8)).size == 0
+    drafter = RESTDrafter(store, RESTSettings(), costs=COSTS)
+    drafter.begin(context)
+    proposal = drafter.propose(context, Budget(max_nodes=16, max_depth=8))
+    assert proposal.is_chain and proposal.tokens[:3] == (8, 9, 10)
+    assert drafter.path_probs(proposal) == drafter.conversation.path_probs(proposal)
+    before = drafter.sizer.calibration(0), copy.deepcopy(drafter.conversation.controller.stats._counts)
+    out = TargetOutput(logits=np.zeros((1 + proposal.size, 32), np.float32), seconds=0.01)
+    drafter.observe(out, Verdict(path=(0, 1), tokens=(8, 9, 4), drafted=proposal.size, draft_depth=proposal.size))
+    assert drafter.sizer.calibration(0) == before[0]  # the datastore's calibration is untouched
+    assert drafter.conversation.controller.stats._counts != before[1]  # the conversation's learned
 
 
 def test_trees_respect_the_budget(tmp_path):
     oracle = OracleTarget(32, seed=1)
     store = _oracle_store(tmp_path, oracle, 1, SamplingSettings())
-    drafter = RESTDrafter(store, RESTSettings(min_match=1, adaptive=False, max_nodes=16), costs=COSTS)
+    drafter = RESTDrafter(store, RESTSettings(min_match=1, adaptive=False, max_nodes=16, conversation=False), costs=COSTS)
     context = store.tokens[:10].tolist()
     assert drafter.propose(context, Budget(max_nodes=16, max_depth=8)).size > 3
     assert drafter.propose(context, Budget(max_nodes=3, max_depth=8)).size <= 3
@@ -279,7 +300,7 @@ def test_fruitless_lookups_are_spaced_out_and_a_match_resets_them(tmp_path):
             calls.append(len(context))
             return super().continuations(context, **kw)
 
-    drafter = RESTDrafter(Counting(store.path), RESTSettings(), costs=COSTS)
+    drafter = RESTDrafter(Counting(store.path), RESTSettings(conversation=False), costs=COSTS)
     prompt = list(range(5, 25))
     finished = run(oracle, drafter, prompt, GenerationSettings(max_new_tokens=96))
     assert finished.stats.forwards > 60 and len(calls) < finished.stats.forwards / 2

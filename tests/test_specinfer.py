@@ -130,6 +130,8 @@ def test_auto_arms_are_prompt_lookup_and_every_drafter_merged(smollm_session, sm
     store = _text_store(tmp_path, smollm_session)
     with_rest = smollm_session.drafter("auto", SamplingSettings(), datastore=store).arms["specinfer:pld,draft,rest"]
     assert [type(d).__name__ for d in with_rest.drafters] == ["PLDDrafter", "RESTDrafter", "DraftModelDrafter"]  # free ones first
+    assert with_rest.drafters[1].conversation is None  # pld searches the conversation once, not twice
+    assert smollm_session.drafter("rest", SamplingSettings(), datastore=store).conversation is not None
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as alone:
         assert list(alone.drafter("auto", SamplingSettings()).arms) == ["pld"]
 

@@ -141,7 +141,11 @@ def open_datastore(path: str, res: DrafterResources) -> Datastore:
 def _build_rest(settings: RESTSettings, res: DrafterResources) -> Drafter:
     store = open_datastore(settings.datastore, res)
     sizer = res.memory.get(("rest", settings))
-    drafter = RESTDrafter(store, settings, costs=res.costs(), sizer=sizer)
+    conversation = None
+    if settings.conversation:  # its own statistics: how often a chat repeats itself is not pld's business
+        stats = res.memory.setdefault(("rest", settings, "conversation"), PLDDrafter.new_stats())
+        conversation = PLDDrafter(costs=res.costs(), stats=stats)
+    drafter = RESTDrafter(store, settings, costs=res.costs(), sizer=sizer, conversation=conversation)
     res.memory[("rest", settings)] = drafter.sizer  # calibration carries over to the next answer
     return drafter
 
@@ -161,8 +165,11 @@ def _build_specinfer(settings: SpecInferSettings, res: DrafterResources) -> Draf
     for name in settings.names:
         spec = method_spec(name)
         overrides: dict[str, Any] = {spec.datastore_field: settings.rest_datastore} if spec.datastore_field else {}
-        if not settings.adaptive and any(f.name == "adaptive" for f in fields(spec.settings_type)):
+        own = {f.name for f in fields(spec.settings_type)}
+        if not settings.adaptive and "adaptive" in own:
             overrides["adaptive"] = False
+        if "pld" in settings.names and "conversation" in own:  # pld already searches the conversation
+            overrides["conversation"] = False
         subs.append(spec.build(spec.settings(**overrides), res))
     return SpecInferDrafter(subs, costs=res.costs())
 
