@@ -149,12 +149,16 @@ class LookaheadDrafter:
         s = self.settings
         shape = self.bandit.choose() if s.adaptive else (s.window, s.guesses)
         w, g = shape
+        self._shape = shape
+        if w == 0 and g == 0:  # plain decoding, the shape a CPU mostly settles on: nothing to build
+            self._inputs.append({len(context) - 1: int(context[-1])})
+            self._look_nodes = ()
+            return EMPTY_PROPOSAL
         window = list(self._window[: min(w, budget.max_depth)])
         cands = [c[: budget.max_depth] for c in self._pool.candidates(context[-1], g)] if budget.max_depth else []
         self._inputs.append({len(context) - 1: int(context[-1]), **{self._base + i: t for i, t in enumerate(window)}})
         tree = merge([Proposal.chain(window)] + [Proposal.chain(c) for c in cands])
         n = min(tree.proposal.size, budget.max_nodes)
-        self._shape = shape
         self._look_nodes = tuple(node for node in tree.maps[0] if node < n)
         if n == 0:
             return EMPTY_PROPOSAL
@@ -168,7 +172,8 @@ class LookaheadDrafter:
             cost = cost_at(self.costs.relative(self._context_len), verdict.drafted)
             self.bandit.update(self._shape, len(verdict.tokens), cost)
         predictions = self._predictions(out)
-        self._collect(predictions)
+        if predictions:
+            self._collect(predictions)
         new_len = self._context_len + len(verdict.tokens)
         history = list(verdict.tokens)
         self._base = new_len
