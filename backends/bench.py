@@ -1,11 +1,12 @@
 """``specdeck bench``: every method side by side on Spec-Bench prompts, measured honestly.
 
-Methods run interleaved per prompt in one process (the order rotates from prompt to prompt), so
-every speedup is a ratio of runs taken minutes apart on the same machine state. Each run starts
-from an empty KV cache (nothing is cached between methods), a warm-up run per method is excluded,
-and multi-turn prompts are played turn by turn with each method's own answers through the chat
-template. Peers are llama-cpp-python's own ``Llama.generate`` (``peer-llamacpp``) and its built-in
-prompt lookup (``peer-llamacpp-pld``), on the same model file and thread count.
+Methods run interleaved per prompt in one process (the order rotates from prompt to prompt, and
+``--repeats`` plays each prompt again in reverse order), so every speedup is a ratio of runs taken
+seconds apart on the same machine state. Each run starts from an empty KV cache (nothing is cached
+between methods), a warm-up run per method is excluded, and multi-turn prompts are played turn by
+turn with each method's own answers through the chat template. Peers are llama-cpp-python's own
+``Llama.generate`` (``peer-llamacpp``) and its built-in prompt lookup (``peer-llamacpp-pld``), on
+the same model file and thread count.
 
 Besides speed, every record says whether the output matches plain greedy decoding (``ar``) and,
 where it does not, the target's top-1 minus top-2 logit margin at the first differing token: a
@@ -487,8 +488,10 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
     for index, prompt in enumerate(prompts):
         order = methods[index % len(methods):] + methods[: index % len(methods)]
         results: dict[str, list[list[TurnRun]]] = {m: [] for m in methods}
-        for _ in range(config.repeats):
-            for m in order:
+        for repeat in range(config.repeats):
+            # Repeats alternate the order (A B C, C B A, ...): a drift of the machine's speed over
+            # the prompt's runs then falls on every method alike.
+            for m in order if repeat % 2 == 0 else order[::-1]:
                 results[m].append(play(runners[m], session, prompt, gen))
         for m in methods:
             div = None if m == "ar" else divergence(session, results[m][0], results["ar"][0], gen.sampling)

@@ -244,3 +244,17 @@ def test_draft_model_prices_its_catch_up():
     assert drafter._choose_length(8, context=3) > 0
     drafter._pending = list(range(30))  # 30 tokens the draft has not seen
     assert drafter._choose_length(8, context=33) == 0
+
+
+def test_a_draft_that_cannot_pay_is_not_asked_every_step():
+    """A draft model as slow as its target never pays: after the controller says so, the drafter
+    skips it for HOPELESS_SKIP steps (asking costs 1% of a forward), then asks again."""
+    from backends.drafters.draft_model import HOPELESS_SKIP
+
+    asked = []
+    drafter = DraftModelDrafter(OracleTarget(32, seed=1), DraftSettings(), sampling=SamplingSettings(),
+                                target_vocab=32, costs=COSTS, draft_costs=COSTS)
+    choose = drafter.controller.choose
+    drafter.controller.choose = lambda *a, **kw: asked.append(1) or choose(*a, **kw)
+    stats = run(OracleTarget(32, seed=0), drafter, [1, 2, 3], GenerationSettings(max_new_tokens=2 * HOPELESS_SKIP + 4)).stats
+    assert stats.drafted == 0 and len(asked) == 3  # at steps 0, 17 and 34 of 36

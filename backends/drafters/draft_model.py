@@ -29,6 +29,10 @@ from backends.core.tree import tree_depths
 from backends.core.types import TREE, Budget, Proposal, SamplingSettings, TargetOutput, Verdict
 
 _TAKE_ALL = Verdict(path=(), tokens=(0,), drafted=0, draft_depth=0)
+# Once drafting cannot pay even if every guess were right (a draft model nearly as slow as its
+# target), the next this many steps skip the controller: its answer cannot change before the
+# catch-up it would need has grown, and asking every step costs 1% of a forward.
+HOPELESS_SKIP = 16
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class DraftModelDrafter:
         self._pending: list[int] = []
         self._decoded: list[int] = []  # chain tokens decoded into the draft during the last proposal
         self._base = 0  # draft n_past before those
+        self._hopeless = 0
 
     @staticmethod
     def new_stats() -> AcceptanceStats:
@@ -89,6 +94,7 @@ class DraftModelDrafter:
         return AcceptanceStats(prior=0.8)
 
     def begin(self, prompt: Sequence[int]) -> None:
+        self._hopeless = 0  # steps left to skip the controller (see HOPELESS_SKIP)
         self.draft.prefill(prompt[:-1])
         self._pending = [prompt[-1]]
         self._decoded = []
@@ -98,10 +104,13 @@ class DraftModelDrafter:
         room = self.draft.n_ctx - self.draft.n_past - len(self._pending)
         length = min(self.settings.max_draft, budget.max_depth, budget.max_nodes, room)
         self._context_len = len(context)
-        if self.settings.adaptive and length > 0:
-            length = self._choose_length(length, len(context))
         self._decoded = []
         self._base = self.draft.n_past
+        if self.settings.adaptive and length > 0:
+            if self._hopeless > 0:
+                self._hopeless -= 1
+                return Proposal()
+            length = self._choose_length(length, len(context))
         if length <= 0:
             return Proposal()
         return self._draft_tree(self._catch_up(), list(context), length, budget.max_nodes)
@@ -113,7 +122,11 @@ class DraftModelDrafter:
         target_s = self.controller.costs.seconds(0, context)
         per_token = self.draft_costs.seconds(0, context) / target_s
         catch_up = self._catch_up_seconds(len(self._pending), context) / target_s
-        return self.controller.choose(available, context=context, draft_cost=per_token, fixed_cost=catch_up - per_token)
+        prices = dict(context=context, draft_cost=per_token, fixed_cost=catch_up - per_token)
+        length = self.controller.choose(available, **prices)
+        if length == 0 and not self.controller.can_pay(available, **prices):
+            self._hopeless = HOPELESS_SKIP
+        return length
 
     def _catch_up_seconds(self, n: int, context: int) -> float:
         k = n - 1
