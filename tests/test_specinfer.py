@@ -183,27 +183,48 @@ def test_merged_tree_is_cut_to_what_pays_and_drafters_only_book_verified_nodes()
     assert other.path == (0,) and other.drafted == 1
 
 
+class _Fixed:
+    """A drafter that always proposes the same chain with the same estimates."""
+
+    requires = frozenset()
+
+    def __init__(self, tokens, probs):
+        self.tokens, self.probs = tokens, probs
+
+    def path_probs(self, proposal):
+        return self.probs[: proposal.size]
+
+    def propose(self, context, budget):
+        return Proposal.chain(self.tokens)
+
+    def observe(self, out, verdict):
+        self.seen = verdict
+
+    def begin(self, prompt):
+        pass
+
+
 def test_a_sizer_that_sees_expensive_verification_keeps_only_the_likely_nodes():
     from backends.core.costs import CostModel
-
-    cpu = CostModel.from_relative([1.0, 1.3, 1.5, 2.4, 2.6, 3.0, 3.2, 3.4, 3.6])
-
-    class Sure:
-        def path_probs(self, proposal):
-            return [0.95, 0.9, 0.1, 0.05][: proposal.size]
-
-        def propose(self, context, budget):
-            return Proposal.chain([5, 6, 7, 8])
-
-        def observe(self, out, verdict):
-            self.seen = verdict
-
-        def begin(self, prompt):
-            pass
-
-        requires = frozenset()
-
     from backends.core.types import Budget
 
-    merged = SpecInferDrafter([Sure()], costs=cpu)
+    cpu = CostModel.from_relative([1.0, 1.3, 1.5, 2.4, 2.6, 3.0, 3.2, 3.4, 3.6])
+    sure, unsure = _Fixed([5, 6, 7, 8], [0.95, 0.9, 0.1, 0.05]), _Fixed([4, 9], [0.05, 0.01])
+    merged = SpecInferDrafter([sure, unsure], costs=cpu)
     assert merged.propose([1, 2, 3], Budget(max_nodes=64, max_depth=64)).tokens == (5, 6)
+
+
+def test_a_lone_proposal_is_verified_as_its_drafter_sized_it():
+    """With one proposal there is nothing to merge: specinfer decodes as that drafter would alone."""
+    from backends.core.costs import CostModel
+    from backends.core.types import Budget
+
+    cpu = CostModel.from_relative([1.0, 1.3, 1.5, 2.4, 2.6, 3.0, 3.2, 3.4, 3.6])
+    sure, silent = _Fixed([5, 6, 7, 8], [0.95, 0.9, 0.1, 0.05]), _Fixed([], [])
+    merged = SpecInferDrafter([silent, sure], costs=cpu)
+    proposal = merged.propose([1, 2, 3], Budget(max_nodes=64, max_depth=64))
+    assert proposal.tokens == (5, 6, 7, 8)
+    merged.observe(TargetOutput(logits=np.zeros((5, 16), np.float32), seconds=0.01),
+                   Verdict(path=(0, 1), tokens=(5, 6, 3), drafted=4, draft_depth=4))
+    assert sure.seen.path == (0, 1) and sure.seen.drafted == 4
+    assert silent.seen.drafted == 0 and silent.seen.tokens == (5, 6, 3)

@@ -231,7 +231,8 @@ REGISTRY: dict[str, MethodSpec] = {
         ),
         MethodSpec(
             "rest",
-            "retrieval: drafts what followed the same words in the conversation or in a datastore of your own texts (code, docs, chats)",
+            "retrieval: drafts what followed the same words in the conversation or in a datastore of your "
+            "own texts (code, docs, chats)",
             RESTSettings,
             _build_rest,
             requires=frozenset({TREE}),

@@ -55,7 +55,7 @@ class RESTSettings:
     max_match: int = 16  # longest context suffix looked up
     min_match: int = 2  # shortest suffix that may still match (one token matches too much)
     samples: int = 256  # occurrences read per lookup, evenly spaced
-    adaptive: bool = True  # False: always verify max_nodes nodes
+    adaptive: bool = True  # False: always verify max_nodes nodes of the datastore's tree
     conversation: bool = True  # also draft from the prompt and answer so far, before the datastore
 
     def __post_init__(self) -> None:

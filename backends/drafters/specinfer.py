@@ -148,7 +148,9 @@ class SpecInferDrafter:
     Each sub-drafter sized its proposal as if verified alone; together they cost more. So the
     merged nodes are ranked by their estimated acceptance (``merged_path_probs``) and a
     ``TreeSizer`` keeps the count that maximizes expected tokens per unit of measured verify cost,
-    which is never worse than the better sub-proposal alone by the sizer's own estimate.
+    which is never worse than the better sub-proposal alone by the sizer's own estimate. When only
+    one drafter proposed, its proposal goes to the target as it is: it was sized for exactly that,
+    by the drafter's own controller, so specinfer then decodes as that drafter alone would.
     """
 
     CONFIDENT = 1.0  # expected accepted tokens from free drafters that make a model's draft unneeded
@@ -188,9 +190,14 @@ class SpecInferDrafter:
             estimate = getattr(drafter, "path_probs", None)
             if prop.size and estimate is not None and _ask_cost(drafter) == 0:
                 confident = max(confident, float(sum(estimate(prop))))
-        if not any(prop.size for prop in self._last):  # the common case on a CPU: nobody drafts
+        live = [i for i, prop in enumerate(self._last) if prop.size]
+        if not live:  # the common case on a CPU: nobody drafts
             self._maps = tuple(() for _ in self._last)
             return EMPTY_PROPOSAL
+        if len(live) == 1:  # a lone proposal was sized by its drafter for being verified alone
+            only = self._last[live[0]]
+            self._maps = tuple(tuple(range(only.size)) if i == live[0] else () for i in range(len(self._last)))
+            return only
         tree = merge(self._last)
         probs = merged_path_probs(self.drafters, self._last, tree)
         ranked = np.argsort(-probs, kind="stable")[: budget.max_nodes]  # parents rank before children
