@@ -368,10 +368,12 @@ def speedup_interval(rows: list[dict], ar_rows: list[dict], *, draws: int = 2000
     answer repeats its prompt varies a lot between prompts); the interval says how far a
     figure can be trusted before anyone reads 0.96x against 1.00x as a difference.
     """
-    ar_by_prompt = {(r["question_id"], r["category"]): r for r in ar_rows}
-    pairs = [(r, ar_by_prompt[(r["question_id"], r["category"])]) for r in rows
-             if (r["question_id"], r["category"]) in ar_by_prompt and r["decode_tok_s"] and r["decode_tok_s"] > 0
-             and ar_by_prompt[(r["question_id"], r["category"])]["decode_tok_s"]]
+    def prompt(r: dict) -> tuple:
+        return r["question_id"], r["category"]
+
+    ar_by_prompt = {prompt(r): r for r in ar_rows}
+    pairs = [(r, ar_by_prompt[prompt(r)]) for r in rows
+             if prompt(r) in ar_by_prompt and r["decode_tok_s"] > 0 and ar_by_prompt[prompt(r)]["decode_tok_s"] > 0]
     if len(pairs) < 2:
         return float("nan"), float("nan")
     # [prompts, 4]: tokens and seconds of the method, then of ar

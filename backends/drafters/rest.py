@@ -26,7 +26,7 @@ statistics are kept apart from the datastore's calibration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -195,5 +195,5 @@ class RESTDrafter:
         self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
         if verdict.drafted:
             self.sizer.update(self._predicted, verdict.accepted, self._bucket)
-        if self.conversation is not None:  # it proposed nothing; it still follows the text
-            self.conversation.observe(replace(out, seconds=0.0), replace(verdict, path=(), drafted=0, draft_depth=0))
+        # The conversation proposed nothing, so it has nothing to learn here: its index follows
+        # the text and its withheld guesses are scored when it next proposes.

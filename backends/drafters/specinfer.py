@@ -190,14 +190,11 @@ class SpecInferDrafter:
             estimate = getattr(drafter, "path_probs", None)
             if prop.size and estimate is not None and _ask_cost(drafter) == 0:
                 confident = max(confident, float(sum(estimate(prop))))
-        live = [i for i, prop in enumerate(self._last) if prop.size]
-        if not live:  # the common case on a CPU: nobody drafts
-            self._maps = tuple(() for _ in self._last)
-            return EMPTY_PROPOSAL
-        if len(live) == 1:  # a lone proposal was sized by its drafter for being verified alone
-            only = self._last[live[0]]
-            self._maps = tuple(tuple(range(only.size)) if i == live[0] else () for i in range(len(self._last)))
-            return only
+        live = [prop for prop in self._last if prop.size]
+        if len(live) <= 1:  # nobody drafts (the common case on a CPU), or one proposal, sized by its
+            # drafter for being verified alone: nothing to merge or re-size
+            self._maps = tuple(tuple(range(prop.size)) for prop in self._last)
+            return live[0] if live else EMPTY_PROPOSAL
         tree = merge(self._last)
         probs = merged_path_probs(self.drafters, self._last, tree)
         ranked = np.argsort(-probs, kind="stable")[: budget.max_nodes]  # parents rank before children
