@@ -38,7 +38,7 @@ from typing import Iterable, Sequence, TextIO
 
 import numpy as np
 
-from backends.core.costs import CpuWatch
+from backends.core.costs import CostModel, CpuWatch
 from backends.core.errors import SpecDeckError
 from backends.core.sampling import apply_repeat_penalty
 from backends.core.types import Finished, GenerationSettings, Proposal, RunStats, SamplingSettings
@@ -472,17 +472,22 @@ def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO
         session.close()
 
 
+def print_costs(costs: CostModel, contexts: Sequence[int], progress: TextIO) -> None:
+    for context in contexts:
+        rel = costs.relative(context)
+        shown = list(range(min(len(rel), 17))) + [k for k in (32, 64) if k < len(rel)]
+        print(f"verify cost at {context} tokens of context (relative to one token): "
+              + ", ".join(f"{k}: {rel[k]:.2f}" for k in shown), file=progress)
+
+
 def _run(session: Session, config: BenchConfig, methods: list[str], prompts: list[BenchPrompt],
          gen: GenerationSettings, out: TextIO, progress: TextIO, sampler: Sampler | None) -> dict:
     costs = session.cost_model()  # measured once, shared by every method of this run
     draft_costs = session.draft_cost_model()
     runners = {m: PeerRunner(session, m) if m in PEERS else EngineRunner(session, m, config.method_settings.get(m, {}))
                for m in methods}
-    for context in costs.contexts:
-        rel = costs.relative(context)
-        shown = list(range(min(len(rel), 17))) + [k for k in (32, 64) if k < len(rel)]
-        print(f"verify cost at {context} tokens of context (relative to one token): "
-              + ", ".join(f"{k}: {rel[k]:.2f}" for k in shown), file=progress)
+    print_costs(costs, costs.contexts, progress)
+    measured_at_load = list(costs.contexts)
     for m, runner in runners.items():  # warm-up, excluded from every figure
         play(runner, session, BenchPrompt(0, "warmup", ("Say hello.",)), replace(gen, max_new_tokens=16))
     records = []
@@ -505,6 +510,7 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
     for runner in runners.values():
         if isinstance(runner, PeerRunner):
             runner.close()
+    print_costs(costs, [c for c in costs.contexts if c not in measured_at_load], progress)  # at the first long prompt
     remember(session.model.path, records)
     summary = summarize(records, methods)
     print(markdown(summary, methods), file=out)

@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from backends.core.costs import CostModel, CpuWatch, measure_curves
+from backends.core.costs import SHORT_CONTEXT, CostModel, CpuWatch, time_forwards, time_here
 from backends.core.engine import generate
 from backends.core.errors import IncompatibleDraftError, SpecDeckError
 from backends.core.protocols import Drafter
-from backends.core.types import Event, GenerationSettings, SamplingSettings
+from backends.core.types import Event, GenerationSettings, Prefilled, SamplingSettings
 from backends.drafters import DRAFT_MODEL, DrafterResources, describe, method_spec
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
 from backends.models.catalog import resolve_model
 from backends.models.compat import draft_incompatibility
-from backends.models.cost_cache import COST_CONTEXTS, COST_CURVE_LENGTH, cost_curve_file, load_cost_curves, save_cost_curves
+from backends.models.cost_cache import COST_CURVE_LENGTH, LONG_CONTEXT, cost_curve_file, load_cost_curves, save_cost_curves
+
+QUIET_CORES = 0.25  # other processes' CPU use (cores) under which a measured cost curve is kept
 
 
 @dataclass(frozen=True)
@@ -102,16 +105,41 @@ class Session:
             self._draft_costs = CostModel(self._cached_curves(self.draft_target, self.draft_model))
         return self._draft_costs
 
+    def _cost_file(self, target: LlamaTarget, model: LlamaModel) -> Path:
+        return cost_curve_file(model.path, target.n_threads, self.config.n_gpu_layers, self.config.flash_attn)
+
     def _cached_curves(self, target: LlamaTarget, model: LlamaModel) -> dict[int, list[float]]:
-        file = cost_curve_file(model.path, target.n_threads, self.config.n_gpu_layers, self.config.flash_attn)
-        curves = load_cost_curves(file)
+        curves = load_cost_curves(self._cost_file(target, model))
         if curves is not None:
             return curves
+        context = max(1, min(SHORT_CONTEXT, target.n_ctx - COST_CURVE_LENGTH - 2))
         with CpuWatch() as watch:
-            curves = measure_curves(target, COST_CURVE_LENGTH, contexts=COST_CONTEXTS)
-        if watch.other_cores < 0.25:  # a curve taken on a busy machine is used once, never kept
-            save_cost_curves(file, curves)
+            curves = {context: time_forwards(target, COST_CURVE_LENGTH, context=context)}
+        if watch.other_cores < QUIET_CORES:  # a curve taken on a busy machine is used once, never kept
+            save_cost_curves(self._cost_file(target, model), curves)
         return curves
+
+    def _measure_long_context(self) -> None:
+        """Once per model, on the first prompt of LONG_CONTEXT tokens or more: the cost curve at its
+        length, measured on top of the prefilled prompt (which the probes leave as they found it).
+
+        Verifying a draft gets dearer relative to one token as the context grows (F16, 2 cores:
+        16 tokens cost 4.0x at 64 tokens of context, 6.1x at 1024); without this the controller
+        would only learn that from corrections, a step at a time. It costs this one answer about
+        a second of first-token latency (F16 on 2 cores), and saves the 2 s it took to prefill
+        filler text at load.
+        """
+        pairs = [(self.target, self.model, self._costs), (self.draft_target, self.draft_model, self._draft_costs)]
+        for target, model, costs in pairs:
+            if target is None or model is None or costs is None or max(costs.contexts) >= LONG_CONTEXT:
+                continue
+            if target.n_past < LONG_CONTEXT or target.n_past + costs.k_max + 2 > target.n_ctx:
+                continue
+            with CpuWatch() as watch:
+                seconds = time_here(target, costs.k_max)
+            costs.add_curve(target.n_past, seconds)
+            if watch.other_cores < QUIET_CORES:
+                save_cost_curves(self._cost_file(target, model), costs.curves)
 
     # -- answering -----------------------------------------------------------------------------
     def drafter(self, method: str, sampling: SamplingSettings, **settings: Any) -> Drafter:
@@ -144,8 +172,16 @@ class Session:
         cancel: threading.Event | None = None,
         method_settings: dict[str, Any] | None = None,
     ) -> Iterator[Event]:
-        drafter = self.drafter(method, settings.sampling, **(method_settings or {}))
-        return generate(self.target, drafter, prompt, settings, cancel=cancel, method=method)
+        drafter = self.drafter(method, settings.sampling, **(method_settings or {}))  # bad settings raise here
+        return self._measuring(generate(self.target, drafter, prompt, settings, cancel=cancel, method=method))
+
+    def _measuring(self, events: Iterator[Event]) -> Iterator[Event]:
+        """The engine's events; between the prefill and the first step, the long-context cost curve
+        when this is the first long prompt (so the answer's TTFT, not its decode rate, pays)."""
+        for event in events:
+            yield event
+            if isinstance(event, Prefilled):
+                self._measure_long_context()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -283,6 +283,23 @@ def test_cost_model_interpolates_and_learns():
     assert costs.seconds(1, 64) < 0.05
 
 
+def test_cost_model_takes_a_curve_measured_later():
+    # one curve: every context costs the same; a curve added at a long context bends the estimates
+    # there, and the corrections learned against the old curve start over
+    costs = CostModel({64: [0.010, 0.020, 0.030]})
+    assert costs.relative(64) == costs.relative(2048) == pytest.approx([1.0, 2.0, 3.0])
+    for _ in range(60):
+        costs.observe(0, 2048, 0.013)
+    assert costs.seconds(0, 2048) == pytest.approx(0.013, rel=0.05)
+    costs.add_curve(1024, [0.013, 0.039, 0.052])
+    assert costs.contexts == [64, 1024] and costs.curves[1024] == pytest.approx([0.013, 0.039, 0.052])
+    assert costs.relative(1024) == pytest.approx([1.0, 3.0, 4.0])
+    assert costs.relative(64) == pytest.approx([1.0, 2.0, 3.0])
+    assert costs.seconds(0, 544) == pytest.approx(0.0115)  # interpolated, no stale correction on top
+    with pytest.raises(ValueError, match="k = 0..2"):
+        costs.add_curve(4096, [0.02, 0.05])
+
+
 def test_shadow_ledger_scores_withheld_guesses():
     ledger = ShadowLedger()
     ledger.add(10, [5, 6, 7], bucket=2)
@@ -298,8 +315,9 @@ def test_shadow_ledger_scores_withheld_guesses():
 def test_cost_probes_are_chains_then_four_branch_trees():
     from backends.core.costs import interpolate, probe, probe_sizes
 
-    assert probe_sizes(8) == list(range(9))
-    assert probe_sizes(40) == list(range(17)) + [32, 40]
+    assert probe_sizes(8) == [0, 1, 2, 3, 4, 6, 8]
+    assert probe_sizes(10) == [0, 1, 2, 3, 4, 6, 8, 10]
+    assert probe_sizes(40) == [0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 40]
     assert probe(7, 3).is_chain
     tree = probe(7, 30)
     assert tree.size == 30 and sum(p < 0 for p in tree.parents) == 4  # four root branches

@@ -105,3 +105,29 @@ def test_cost_curve_reaches_64_node_trees(smollm_session):
     assert curve[64] > curve[16] > curve[0]  # a CPU pays for every extra node
     assert target.n_past == 0  # the probes leave nothing behind
     assert answer(smollm_session, "ar", [1, 2, 3]).stats.new_tokens > 0  # and the target still answers
+
+
+def test_the_first_long_prompt_measures_the_cost_curve_at_its_length(smollm_q4_path, tmp_path, monkeypatch):
+    # at load the curve is measured after a short filler context only; the first prompt of
+    # LONG_CONTEXT tokens adds one at its own length, on top of its prefilled cache, without
+    # changing the answer, and the cache file keeps both for the next session
+    import backends.factory as factory
+    from backends.core.types import Prefilled
+    from backends.factory import Session, SessionConfig
+    from backends.models.cost_cache import LONG_CONTEXT
+
+    monkeypatch.setenv("SPECDECK_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(factory, "QUIET_CORES", float("inf"))  # keep the curves however busy the machine is
+    with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=1024)) as session:
+        costs = session.cost_model()
+        assert len(costs.contexts) == 1 and costs.contexts[0] < LONG_CONTEXT
+        short = answer(session, "pld", list(range(200, 300)))
+        assert costs.contexts == costs.contexts[:1]  # a short prompt measures nothing more
+        prompt = session.model.tokenize(" ".join(["the quick brown fox jumps over the lazy dog"] * 80))[:600]
+        first = list(session.generate("ar", prompt, GREEDY))
+        assert costs.contexts[1] == len(prompt) - 1  # measured on the prompt's own cache
+        assert isinstance(first[0], Prefilled) and first[-1].stats.reused_tokens == 0
+        assert first[-1].tokens == answer(session, "ar", prompt).tokens  # the probes left nothing behind
+        assert short.stats.new_tokens > 0
+    with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=1024)) as again:
+        assert again.cost_model().contexts == costs.contexts  # both loaded, nothing measured

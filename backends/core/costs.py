@@ -3,14 +3,19 @@
 One forward over the root plus ``k`` drafted tokens costs far more than one token on a CPU, and
 how much more depends on the weight type, the build's matrix kernels and the context length
 (every drafted token attends to the whole context). Measured here for SmolLM2 F16 on 2 cores,
-relative to one token: k = 4 costs 2.4x at 64 tokens of context and 2.8x at 1024; k = 16 costs
-5.2x and 7.3x; a 64-node tree 19x at 512. A fixed draft length loses on one machine or another;
-so the curve is measured, every length up to 16 and a few tree sizes up to 64.
+relative to one token: k = 1 costs 1.7x; k = 4 costs 2.0x at 64 tokens of context and 2.4 to
+2.7x at 1024; k = 16 costs 4.0x and 6.1 to 6.7x; a 64-node tree 13x and 19x. A fixed draft length
+loses on one machine or another; so the curve is measured, at lengths up to 16 and a few tree
+sizes up to 64.
 
-``time_forwards`` measures a curve at one context length. ``CostModel`` holds curves at two or
-more context lengths, interpolates between them, and keeps learning from the verify times the
-target reports while generating (``observe``): a machine that gets busier or a context that grows
-past the measured range shifts the estimates within a few steps.
+``time_forwards`` measures a curve after a short filler context, when a model is first loaded (a
+second on 2 cores for SmolLM2 F16). ``time_here`` measures one on top of what the cache holds:
+the session runs it once per model, after the first long prompt's prefill, instead of prefilling a
+thousand tokens of filler at load (that alone took 2 s). ``CostModel`` holds curves at one or more
+context lengths, interpolates between them (beyond, it extrapolates: attention cost grows linearly
+with context), and keeps learning from the verify times the target reports while generating
+(``observe``): a machine that gets busier or a context past the measured range shifts the
+estimates within a few steps.
 """
 
 from __future__ import annotations
@@ -27,19 +32,22 @@ from backends.core.types import Proposal, Verdict
 _KEEP_ROOT = Verdict(path=(), tokens=(0,), drafted=0, draft_depth=0)
 
 
-DENSE_UP_TO = 16  # every length up to here is measured; beyond, a few sizes and straight lines between
+DENSE_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16)  # chains measured; straight lines between them
+DENSE_UP_TO = DENSE_SIZES[-1]
 SPARSE_SIZES = (32, 64)
 TREE_BRANCHES = 4  # the shape of the probes past DENSE_UP_TO: trees, as merged and retrieval drafts are
+SHORT_CONTEXT = 64  # tokens of filler the load-time curve is measured after
 
 
 def probe_sizes(k_max: int) -> list[int]:
     """Node counts whose verify time is measured for a curve up to ``k_max`` (always 0 and k_max).
 
-    Example: ``probe_sizes(40)`` is ``0..16, 32, 40``.
+    Not every length: straight lines between these stay within 6% of measuring every length up to
+    16 (SmolLM2 F16, 2 cores), less than two measurements of one length scatter, at half the time.
+    Example: ``probe_sizes(40)`` is ``0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 40``.
     """
-    sizes = list(range(min(k_max, DENSE_UP_TO) + 1))
-    sizes += [k for k in SPARSE_SIZES if DENSE_UP_TO < k < k_max]
-    return sizes + ([k_max] if k_max > DENSE_UP_TO else [])
+    sizes = [k for k in DENSE_SIZES if k < k_max] + [k for k in SPARSE_SIZES if k < k_max]
+    return sizes + [k_max]
 
 
 def probe(token: int, k: int) -> Proposal:
@@ -63,33 +71,50 @@ def interpolate(sizes: Sequence[int], seconds: Sequence[float]) -> list[float]:
     return [float(x) for x in np.interp(np.arange(sizes[-1] + 1), sizes, seconds)]
 
 
-def time_forwards(target: Target, k_max: int, *, reps: int = 3, context: int = 64,
-                  clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Fastest seconds of one verify with k = 0..k_max drafted nodes after ``context`` tokens.
+def time_here(target: Target, k_max: int, *, reps: int = 2,
+              clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Fastest seconds of one verify with k = 0..k_max drafted nodes on top of what the cache holds.
 
-    Lengths up to DENSE_UP_TO are each measured, longer ones at ``probe_sizes`` and interpolated.
-    Repetitions are interleaved across k, so a burst of load from another process spreads over
-    all lengths instead of bending one of them. Leaves the target's cache empty.
+    Leaves the cache as it found it, so it can run between a prompt's prefill and its first step.
+    One forward of the largest probe warms thread pools and compute buffers up first. Repetitions are interleaved across
+    k, so a burst of load from another process spreads over all lengths instead of bending one.
+    Past DENSE_UP_TO a probe costs up to 30 forwards (Q4_1 on 2 cores) and the curve is a straight
+    line, so those sizes are timed once, in the last round.
     """
+    context = target.n_past
+    if context + k_max + 2 > target.n_ctx:
+        raise ValueError(f"no room for a {k_max}-node probe after {context} tokens in a {target.n_ctx}-token context")
     token = min(100, target.n_vocab - 1)
-    context = max(1, min(context, target.n_ctx - k_max - 2))
     sizes = probe_sizes(k_max)
+    samples: dict[int, list[float]] = {k: [] for k in sizes}
+
+    def timed(k: int) -> float:
+        proposal = probe(token, k)
+        start = clock()
+        target.verify(token, proposal)
+        seconds = clock() - start
+        target.commit(_KEEP_ROOT)
+        target.truncate(context)
+        return seconds
+
+    timed(k_max)  # the largest probe: the first batch of a size, or through the tree path, costs extra
+    for round_ in range(reps):
+        for k in sizes if round_ == reps - 1 else [k for k in sizes if k <= DENSE_UP_TO]:
+            samples[k].append(timed(k))
+    # interference only ever adds time: the fastest repetition is the truest
+    return interpolate(sizes, [min(samples[k]) for k in sizes])
+
+
+def time_forwards(target: Target, k_max: int, *, reps: int = 2, context: int = SHORT_CONTEXT,
+                  clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """``time_here`` after ``context`` tokens of filler; leaves the cache empty."""
+    token = min(100, target.n_vocab - 1)
     target.reset()
     target.prefill([token] * context)
-    samples: dict[int, list[float]] = {k: [] for k in sizes}
-    for round_ in range(reps + 1):  # the first round warms caches and thread pools up
-        # Past DENSE_UP_TO the curve is a straight line and a probe costs up to 30 forwards
-        # (Q4_1 on 2 cores), so those sizes are timed once, in the last round.
-        for k in sizes if round_ == reps else [k for k in sizes if k <= DENSE_UP_TO]:
-            proposal = probe(token, k)
-            start = clock()
-            target.verify(token, proposal)
-            samples[k].append(clock() - start)
-            target.commit(_KEEP_ROOT)
-            target.truncate(context)
-    target.reset()
-    # interference only ever adds time: the fastest repetition is the truest
-    return interpolate(sizes, [min(samples[k][1:] or samples[k]) for k in sizes])
+    try:
+        return time_here(target, k_max, reps=reps, clock=clock)
+    finally:
+        target.reset()
 
 
 class CostModel:
@@ -108,14 +133,29 @@ class CostModel:
     def __init__(self, curves: Mapping[int, Sequence[float]], *, smoothing: float = 0.1) -> None:
         if not curves:
             raise ValueError("a cost model needs at least one measured curve")
+        self.smoothing = smoothing
+        self._set(curves)
+
+    def _set(self, curves: Mapping[int, Sequence[float]]) -> None:
         self.contexts = sorted(curves)
         self.k_max = min(len(curves[c]) for c in self.contexts) - 1
         self._curves = np.array([list(curves[c][: self.k_max + 1]) for c in self.contexts])  # [contexts, k_max + 1]
         # Measured/predicted ratios learned while generating: one for single-token forwards, one
         # shared by all batched ones (their common level is what drifts; the shape holds).
         self._correction = [1.0, 1.0]
-        self.smoothing = smoothing
         self._last_row: tuple[int, np.ndarray] = (-1, self._curves[0])
+
+    @property
+    def curves(self) -> dict[int, list[float]]:
+        """The measured curves, context -> seconds for k = 0..k_max (what the cache file keeps)."""
+        return {c: row.tolist() for c, row in zip(self.contexts, self._curves)}
+
+    def add_curve(self, context: int, seconds: Sequence[float]) -> None:
+        """A curve measured at another context length. The corrections learned so far start over:
+        they made up for the context the model could not see, which the new curve now shows."""
+        if len(seconds) < self.k_max + 1:
+            raise ValueError(f"a curve needs k = 0..{self.k_max}, got {len(seconds)} entries")
+        self._set({**self.curves, context: list(seconds)})
 
     @classmethod
     def from_relative(cls, costs: Sequence[float]) -> CostModel:
@@ -165,12 +205,6 @@ class CostModel:
         i = min(k, 1)
         ratio = min(max(seconds / self._measured(k, context), 0.5 * self._correction[i]), 2.0 * self._correction[i])
         self._correction[i] += self.smoothing * (ratio - self._correction[i])
-
-
-def measure_curves(target: Target, k_max: int, *, contexts: Sequence[int] = (64, 1024), reps: int = 2) -> dict[int, list[float]]:
-    """Seconds per verify for k = 0..k_max at a short and a long context (capped by n_ctx)."""
-    usable = sorted({max(1, min(c, target.n_ctx - k_max - 2)) for c in contexts})
-    return {c: time_forwards(target, k_max, reps=reps, context=c) for c in usable}
 
 
 class CpuWatch:

@@ -1,7 +1,8 @@
 """Where a model's measured verify-cost curves are kept, so the session and the recommender agree.
 
 A curve is valid for one model file, thread count, GPU offload, attention kernel and llama.cpp
-build; the key holds all of them, so changing any of them measures again.
+build; the key holds all of them, so changing any of them measures again. The file holds a curve
+measured at load (short context) and, once a long prompt has come by, one at that prompt's length.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from backends.models.llama_lib import library_version
 from backends.models.paths import cache_dir
 
 COST_CURVE_LENGTH = 64  # largest draft (tree nodes) the measured cost curve covers
-COST_CONTEXTS = (64, 1024)  # context lengths the cost curve is measured at (interpolated between)
+LONG_CONTEXT = 512  # the first prompt at least this long (tokens) has the curve measured at its length too
 
 
 def cost_curve_file(model: str | os.PathLike, n_threads: int, n_gpu_layers: int, flash_attn: str) -> Path:
     path = Path(model)
     stat = path.stat()
     key = json.dumps([str(path), stat.st_size, stat.st_mtime_ns, n_threads, n_gpu_layers, flash_attn,
-                      library_version(), COST_CURVE_LENGTH, COST_CONTEXTS, "min-of-reps"])
+                      library_version(), COST_CURVE_LENGTH, LONG_CONTEXT, "short-then-first-long"])
     return cache_dir() / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
 
