@@ -118,11 +118,30 @@ def test_real_model_specinfer_matches_plain_greedy(smollm_session):
     check_method_matches_ar(smollm_session, "specinfer", {"adaptive": False})
 
 
-def test_auto_arms_are_prompt_lookup_and_every_drafter_merged(smollm_session, smollm_q4_path, tmp_path):
+def _cheap_draft(session, monkeypatch, share: float = 0.05) -> None:
+    """Make the session's draft model cost ``share`` of a target forward (as on a GPU), so the
+    arms that include it are built on this CPU too."""
+    from backends.core.costs import CostModel
+
+    one = session.cost_model().seconds(0, 64)
+    monkeypatch.setattr(session, "_draft_costs", CostModel({64: [one * share * (1 + k / 8) for k in range(65)]}))
+
+
+def test_auto_leaves_out_a_draft_model_that_cannot_pay(smollm_session, monkeypatch):
+    # a draft forward that costs as much as a target one cannot pay even if every guess is right
+    _cheap_draft(smollm_session, monkeypatch, share=1.0)
+    assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld"]
+    assert smollm_session.drafter("specinfer", SamplingSettings())  # chosen explicitly, it still runs
+    _cheap_draft(smollm_session, monkeypatch, share=0.05)
+    assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld", "specinfer:pld,draft"]
+
+
+def test_auto_arms_are_prompt_lookup_and_every_drafter_merged(smollm_session, smollm_q4_path, tmp_path, monkeypatch):
     from backends.drafters.auto import AutoDrafter
     from backends.factory import Session, SessionConfig
     from tests.test_rest import _text_store
 
+    _cheap_draft(smollm_session, monkeypatch)
     auto = smollm_session.drafter("auto", SamplingSettings())
     assert isinstance(auto, AutoDrafter) and list(auto.arms) == ["pld", "specinfer:pld,draft"]
     merged = auto.arms["specinfer:pld,draft"]
@@ -136,10 +155,12 @@ def test_auto_arms_are_prompt_lookup_and_every_drafter_merged(smollm_session, sm
         assert list(alone.drafter("auto", SamplingSettings()).arms) == ["pld"]
 
 
-def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session):
+def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session, monkeypatch):
     # every answer's arm is booked with the selector when the next starts; output stays ar's
     from backends.core.engine import generate
     from tests.test_real_models import GREEDY
+
+    _cheap_draft(smollm_session, monkeypatch)
 
     prompt = smollm_session.model.chat_prompt([{"role": "user", "content": "Count from 1 to 20."}])
     smollm_session.reset()

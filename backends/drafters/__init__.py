@@ -12,6 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable
 
+from backends.core.controller import LengthController
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
@@ -179,10 +180,27 @@ class AutoSettings:
     datastore: str = field(default="", metadata=DATASTORE_FILE)  # a REST datastore to draft from as well (optional)
 
 
+def draft_can_pay(res: DrafterResources) -> bool:
+    """Whether the session's draft model could beat plain decoding even if the target accepted
+    every guess: drafting k tokens costs k draft forwards and a verify of k (at the shortest
+    measured context, where verifying is cheapest). On 2 CPU cores a Q4_1 SmolLM2 forward costs
+    0.85 of an F16 one, and the best k would run at 0.97x; on a GPU the same pair pays."""
+    if res.draft is None:
+        return False
+    costs, draft_costs = res.costs(), res.draft_costs()
+    if costs is None or draft_costs is None:
+        return True  # nothing measured: let auto find out by playing it
+    context = costs.contexts[0]
+    per_token = draft_costs.seconds(0, context) / costs.seconds(0, context)
+    longest = DraftSettings().max_draft
+    return LengthController(costs, max_len=longest).can_pay(longest, context=context, draft_cost=per_token)
+
+
 def _auto_names(settings: AutoSettings, res: DrafterResources) -> list[str]:
-    """Every drafter this session can run: prompt lookup always, a draft model and a datastore
-    when there is one."""
-    return ["pld"] + (["draft"] if res.draft is not None else []) + (["rest"] if settings.datastore else [])
+    """Every drafter this session can run that may pay: prompt lookup always, the draft model when
+    the measured costs leave it a chance (playing one that cannot pay only costs answers, and its
+    prefill doubles the wait for the first token), and the datastore when there is one."""
+    return ["pld"] + (["draft"] if draft_can_pay(res) else []) + (["rest"] if settings.datastore else [])
 
 
 def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
@@ -203,7 +221,7 @@ REGISTRY: dict[str, MethodSpec] = {
         MethodSpec(
             "auto",
             "per prompt, whichever has been fastest here on such prompts: prompt lookup, every drafter this "
-            "session has (draft model, datastore) merged into one tree, or plain decoding",
+            "session has (a draft model that can pay here, a datastore) merged into one tree, or plain decoding",
             AutoSettings,
             _build_auto,
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.6, "code": 0.6, "rag": 0.55}),
