@@ -119,7 +119,7 @@ class Session:
             save_cost_curves(self._cost_file(target, model), curves)
         return curves
 
-    def _measure_long_context(self) -> None:
+    def _measure_long_context(self, cancel: threading.Event | None) -> None:
         """Once per model, on the first prompt of LONG_CONTEXT tokens or more: the cost curve at its
         length, measured on top of the prefilled prompt (which the probes leave as they found it).
 
@@ -127,8 +127,10 @@ class Session:
         16 tokens cost 4.0x at 64 tokens of context, 6.1x at 1024); without this the controller
         would only learn that from corrections, a step at a time. It costs this one answer about
         a second of first-token latency (F16 on 2 cores), and saves the 2 s it took to prefill
-        filler text at load.
+        filler text at load. A cancelled answer stops it between probes; the next long prompt
+        measures again.
         """
+        stop = cancel.is_set if cancel is not None else (lambda: False)
         pairs = [(self.target, self.model, self._costs), (self.draft_target, self.draft_model, self._draft_costs)]
         for target, model, costs in pairs:
             if target is None or model is None or costs is None or max(costs.contexts) >= LONG_CONTEXT:
@@ -136,7 +138,9 @@ class Session:
             if target.n_past < LONG_CONTEXT or target.n_past + costs.k_max + 2 > target.n_ctx:
                 continue
             with CpuWatch() as watch:
-                seconds = time_here(target, costs.k_max)
+                seconds = time_here(target, costs.k_max, stop=stop)
+            if seconds is None:
+                return
             costs.add_curve(target.n_past, seconds)
             if watch.other_cores < QUIET_CORES:
                 save_cost_curves(self._cost_file(target, model), costs.curves)
@@ -173,15 +177,15 @@ class Session:
         method_settings: dict[str, Any] | None = None,
     ) -> Iterator[Event]:
         drafter = self.drafter(method, settings.sampling, **(method_settings or {}))  # bad settings raise here
-        return self._measuring(generate(self.target, drafter, prompt, settings, cancel=cancel, method=method))
+        return self._measuring(generate(self.target, drafter, prompt, settings, cancel=cancel, method=method), cancel)
 
-    def _measuring(self, events: Iterator[Event]) -> Iterator[Event]:
+    def _measuring(self, events: Iterator[Event], cancel: threading.Event | None) -> Iterator[Event]:
         """The engine's events; between the prefill and the first step, the long-context cost curve
         when this is the first long prompt (so the answer's TTFT, not its decode rate, pays)."""
         for event in events:
             yield event
             if isinstance(event, Prefilled):
-                self._measure_long_context()
+                self._measure_long_context(cancel)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -300,6 +300,25 @@ def test_cost_model_takes_a_curve_measured_later():
         costs.add_curve(4096, [0.02, 0.05])
 
 
+def test_timing_probes_leave_the_cache_as_they_found_it_and_stop_when_asked():
+    from backends.core.costs import probe_sizes, time_here
+    from tests.oracle import OracleTarget
+
+    target = OracleTarget(n_ctx=128)
+    target.prefill(list(range(20)))
+    ticks = iter(range(10_000))
+    curve = time_here(target, 40, clock=lambda: float(next(ticks)))  # every probe "takes" one tick
+    assert len(curve) == 41 and curve == pytest.approx([1.0] * 41)
+    assert target.tokens == list(range(20))
+    calls = target.verify_calls
+    asked = iter([False] * 3 + [True])
+    assert time_here(target, 40, stop=lambda: next(asked)) is None
+    assert target.verify_calls == calls + 1 + 3 and target.tokens == list(range(20))  # warm-up and 3 probes
+    with pytest.raises(ValueError, match="no room"):
+        time_here(target, 107)
+    assert len(probe_sizes(40)) < 41  # not every length is timed
+
+
 def test_shadow_ledger_scores_withheld_guesses():
     ledger = ShadowLedger()
     ledger.add(10, [5, 6, 7], bucket=2)

@@ -134,6 +134,9 @@ def test_auto_leaves_out_a_draft_model_that_cannot_pay(smollm_session, monkeypat
     assert smollm_session.drafter("specinfer", SamplingSettings())  # chosen explicitly, it still runs
     _cheap_draft(smollm_session, monkeypatch, share=0.05)
     assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld", "specinfer:pld,draft"]
+    for _ in range(50):  # decided once per pair of cost models: drift does not reshuffle auto's arms
+        smollm_session.draft_cost_model().observe(0, 64, 10.0)
+    assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld", "specinfer:pld,draft"]
 
 
 def test_auto_arms_are_prompt_lookup_and_every_drafter_merged(smollm_session, smollm_q4_path, tmp_path, monkeypatch):

@@ -71,14 +71,16 @@ def interpolate(sizes: Sequence[int], seconds: Sequence[float]) -> list[float]:
     return [float(x) for x in np.interp(np.arange(sizes[-1] + 1), sizes, seconds)]
 
 
-def time_here(target: Target, k_max: int, *, reps: int = 2,
-              clock: Callable[[], float] = time.perf_counter) -> list[float]:
+def time_here(target: Target, k_max: int, *, reps: int = 2, clock: Callable[[], float] = time.perf_counter,
+              stop: Callable[[], bool] = lambda: False) -> list[float] | None:
     """Fastest seconds of one verify with k = 0..k_max drafted nodes on top of what the cache holds.
 
     Leaves the cache as it found it, so it can run between a prompt's prefill and its first step.
-    One forward of the largest probe warms thread pools and compute buffers up first. Repetitions are interleaved across
-    k, so a burst of load from another process spreads over all lengths instead of bending one.
-    Past DENSE_UP_TO a probe costs up to 30 forwards (Q4_1 on 2 cores) and the curve is a straight
+    ``stop`` is asked before every probe; once it says yes the result is None (a user who pressed
+    Stop waits at most one probe, a quarter second on 2 cores). One forward of the largest probe
+    warms thread pools and compute buffers up first. Repetitions are interleaved across k, so a
+    burst of load from another process spreads over all lengths instead of bending one. Past
+    DENSE_UP_TO a probe costs up to 30 forwards (Q4_1 on 2 cores) and the curve is a straight
     line, so those sizes are timed once, in the last round.
     """
     context = target.n_past
@@ -100,6 +102,8 @@ def time_here(target: Target, k_max: int, *, reps: int = 2,
     timed(k_max)  # the largest probe: the first batch of a size, or through the tree path, costs extra
     for round_ in range(reps):
         for k in sizes if round_ == reps - 1 else [k for k in sizes if k <= DENSE_UP_TO]:
+            if stop():
+                return None
             samples[k].append(timed(k))
     # interference only ever adds time: the fastest repetition is the truest
     return interpolate(sizes, [min(samples[k]) for k in sizes])
@@ -112,7 +116,9 @@ def time_forwards(target: Target, k_max: int, *, reps: int = 2, context: int = S
     target.reset()
     target.prefill([token] * context)
     try:
-        return time_here(target, k_max, reps=reps, clock=clock)
+        seconds = time_here(target, k_max, reps=reps, clock=clock)
+        assert seconds is not None  # nothing asked it to stop
+        return seconds
     finally:
         target.reset()
 

@@ -184,16 +184,26 @@ def draft_can_pay(res: DrafterResources) -> bool:
     """Whether the session's draft model could beat plain decoding even if the target accepted
     every guess: drafting k tokens costs k draft forwards and a verify of k (at the shortest
     measured context, where verifying is cheapest). On 2 CPU cores a Q4_1 SmolLM2 forward costs
-    0.85 of an F16 one, and the best k would run at 0.97x; on a GPU the same pair pays."""
+    0.78 of an F16 one, and the best k would run at 1.01x, short of the controller's 5% margin; on
+    a GPU the same pair pays.
+
+    Decided once per pair of cost models, from their first figures: near the margin, the
+    corrections learned while generating would flip it from answer to answer, and every flip
+    would give ``auto`` other arms and make it start learning over.
+    """
     if res.draft is None:
         return False
     costs, draft_costs = res.costs(), res.draft_costs()
     if costs is None or draft_costs is None:
         return True  # nothing measured: let auto find out by playing it
-    context = costs.contexts[0]
-    per_token = draft_costs.seconds(0, context) / costs.seconds(0, context)
-    longest = DraftSettings().max_draft
-    return LengthController(costs, max_len=longest).can_pay(longest, context=context, draft_cost=per_token)
+    key = ("draft can pay", costs, draft_costs)  # the models themselves: a re-measured pair decides again
+    if key not in res.memory:
+        context = costs.contexts[0]
+        per_token = draft_costs.seconds(0, context) / costs.seconds(0, context)
+        longest = DraftSettings().max_draft
+        controller = LengthController(costs, max_len=longest)
+        res.memory[key] = controller.can_pay(longest, context=context, draft_cost=per_token)
+    return res.memory[key]
 
 
 def _auto_names(settings: AutoSettings, res: DrafterResources) -> list[str]:

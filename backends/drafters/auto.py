@@ -5,8 +5,9 @@ where one of its forwards costs 0.8 of the target's), on the model, and on the p
 lookup shines where the answer quotes a long document, a draft model on free chat. So ``auto``
 measures instead of guessing. Its arms are the session's methods: prompt lookup alone, every
 drafter the session has merged through SpecInfer (when there is more than prompt lookup; a draft
-model only if the measured costs say it could pay at all), and plain decoding as the baseline. Each answer plays one arm, chosen by a ``Bandit`` kept per kind
-of prompt (short chat prompts, long documents) for the whole session.
+model only if the measured costs say it could pay at all), and plain decoding as the baseline.
+Each answer plays one arm, chosen by a ``Bandit`` kept per kind of prompt (short chat prompts,
+long documents) for the whole session.
 
 An answer's score is its speed relative to plain decoding: the tokens it emitted over its time in
 single-forward units, ``(verify seconds + the arm's own drafting seconds) / t1``, where ``t1`` is
