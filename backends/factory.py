@@ -109,14 +109,15 @@ class Session:
         return cost_curve_file(model.path, target.n_threads, self.config.n_gpu_layers, self.config.flash_attn)
 
     def _cached_curves(self, target: LlamaTarget, model: LlamaModel) -> dict[int, list[float]]:
-        curves = load_cost_curves(self._cost_file(target, model))
+        file = self._cost_file(target, model)
+        curves = load_cost_curves(file)
         if curves is not None:
             return curves
         context = max(1, min(SHORT_CONTEXT, target.n_ctx - COST_CURVE_LENGTH - 2))
         with CpuWatch() as watch:
             curves = {context: time_forwards(target, COST_CURVE_LENGTH, context=context)}
         if watch.other_cores < QUIET_CORES:  # a curve taken on a busy machine is used once, never kept
-            save_cost_curves(self._cost_file(target, model), curves)
+            save_cost_curves(file, curves)
         return curves
 
     def _measure_long_context(self, cancel: threading.Event | None) -> None:
@@ -182,10 +183,12 @@ class Session:
     def _measuring(self, events: Iterator[Event], cancel: threading.Event | None) -> Iterator[Event]:
         """The engine's events; between the prefill and the first step, the long-context cost curve
         when this is the first long prompt (so the answer's TTFT, not its decode rate, pays)."""
-        for event in events:
+        for event in events:  # Prefilled comes first: the per-token steps are passed on untouched
             yield event
             if isinstance(event, Prefilled):
                 self._measure_long_context(cancel)
+                break
+        yield from events
 
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -71,6 +71,11 @@ def interpolate(sizes: Sequence[int], seconds: Sequence[float]) -> list[float]:
     return [float(x) for x in np.interp(np.arange(sizes[-1] + 1), sizes, seconds)]
 
 
+def _filler(target: Target) -> int:
+    """The token probes and filler contexts are made of (any id works: cost ignores content)."""
+    return min(100, target.n_vocab - 1)
+
+
 def time_here(target: Target, k_max: int, *, reps: int = 2, clock: Callable[[], float] = time.perf_counter,
               stop: Callable[[], bool] = lambda: False) -> list[float] | None:
     """Fastest seconds of one verify with k = 0..k_max drafted nodes on top of what the cache holds.
@@ -86,7 +91,7 @@ def time_here(target: Target, k_max: int, *, reps: int = 2, clock: Callable[[], 
     context = target.n_past
     if context + k_max + 2 > target.n_ctx:
         raise ValueError(f"no room for a {k_max}-node probe after {context} tokens in a {target.n_ctx}-token context")
-    token = min(100, target.n_vocab - 1)
+    token = _filler(target)
     sizes = probe_sizes(k_max)
     samples: dict[int, list[float]] = {k: [] for k in sizes}
 
@@ -112,9 +117,8 @@ def time_here(target: Target, k_max: int, *, reps: int = 2, clock: Callable[[], 
 def time_forwards(target: Target, k_max: int, *, reps: int = 2, context: int = SHORT_CONTEXT,
                   clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """``time_here`` after ``context`` tokens of filler; leaves the cache empty."""
-    token = min(100, target.n_vocab - 1)
     target.reset()
-    target.prefill([token] * context)
+    target.prefill([_filler(target)] * context)
     try:
         seconds = time_here(target, k_max, reps=reps, clock=clock)
         assert seconds is not None  # nothing asked it to stop
