@@ -379,6 +379,44 @@ def test_bandit_margin_gives_near_ties_to_the_simpler_arm():
     assert best(0.96, 0.95) == "ar"
 
 
+def test_bandit_ends_the_trials_of_an_arm_that_could_not_pay_even_at_its_ceiling():
+    from backends.core.controller import Bandit
+
+    bandit = Bandit(["wide", "narrow", "open"], baseline="ar", min_tries=4, probe_every=0,
+                    ceiling={"wide": 5, "narrow": 3})
+    played = []
+    for _ in range(14):
+        arm = bandit.choose()
+        played.append(arm)
+        cost = {"wide": 4.5, "narrow": 1.9, "open": 4.5, "ar": 1.0}[arm]
+        bandit.update(arm, 1, cost)  # nothing accepted: one token per round
+    # wide: (1 + 3 * 5) / (4 * 4.5) < 1 after one fruitless trial; narrow: hopeless after three
+    # (3 + 3) / (4 * 1.9); open has no ceiling and is tried the full four times.
+    assert played[:8] == ["wide", "narrow", "narrow", "narrow", "open", "open", "open", "open"]
+    assert set(played[8:]) == {"ar"}
+
+
+def test_bandit_probes_a_losing_arm_within_the_exploration_share():
+    from backends.core.controller import Bandit
+
+    def probes(share: float) -> list[int]:
+        bandit = Bandit(["good", "bad"], baseline="ar", min_tries=1, probe_every=8, explore_share=share)
+        rounds = []
+        for r in range(4000):
+            arm = bandit.choose()
+            bandit.update(arm, *{"good": (2.0, 1.0), "bad": (1.0, 2.0), "ar": (1.0, 1.0)}[arm])
+            if arm == "bad":
+                rounds.append(r)
+        return rounds
+
+    budgeted, doubling = probes(0.02), probes(0.0)
+    loss = (2.0 / 0.5 - 1.0) * len(budgeted)  # each probe of "bad" costs 3 rounds of "good"
+    assert len(budgeted) >= 3 and loss / 4000 <= 0.02  # still probed, within its share
+    early = lambda rounds: sum(r < 300 for r in rounds)
+    assert early(doubling) == 6 and early(budgeted) == 2  # the doubling alone probes at 1, 9, 25, ...
+    assert min(b - a for a, b in zip(budgeted, budgeted[1:])) >= 150  # (4 - 1) / 0.02
+
+
 def test_bench_speedup_interval_pairs_prompts_and_brackets_the_figure():
     from backends.bench import speedup_interval
 

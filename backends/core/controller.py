@@ -23,7 +23,7 @@ guesses cost a forward instead probe now and then with ``probe_every``.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 from backends.core.costs import CostModel
 
@@ -284,14 +284,30 @@ class Bandit:
     re-checking an arm that keeps losing costs less and less, while one that starts winning (a
     fuller pool, a quieter machine, another kind of prompt) is found again.
 
+    Exploring costs what the explored arm loses against the best one, so it is kept to a budget:
+
+    - ``ceiling`` (optional): the most gain an arm can make in one round (for a draft of depth
+      ``d``, ``d + 1`` tokens). An arm whose remaining trials could not lift it to the baseline even
+      if each of them reached the ceiling ends its trials early. On 2 CPU cores a 10-node
+      lookahead tree costs 4.5 forwards on SmolLM2 Q4_1 and can emit 5 tokens, so one fruitless
+      trial rules it out, where four trials cost 18 forwards for 4 tokens.
+    - ``explore_share``: the share of rounds that probing the losing arms may cost, split among
+      them. A round of a losing arm costs what it loses against the best arm (``best speed / its
+      speed - 1`` rounds), so with 4 losing arms and a 2% share, one at a quarter of the best
+      speed is re-probed no sooner than 600 rounds after its last probe, one 5% behind after the
+      usual ``probe_every``.
+
     Example: arms ``a`` (2 tokens for 1.5 forwards) and ``b`` (1 for 1.2): after the trials ``a``
     plays, at 1.33x; with ``a`` at 1 token for 1.5 the baseline (1.0x) would play instead.
     """
 
     def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4,
-                 probe_every: int = 32, max_interval: int = 2048, decay: float = 0.97, margin: float = 0.0) -> None:
+                 probe_every: int = 32, max_interval: int = 2048, decay: float = 0.97, margin: float = 0.0,
+                 ceiling: Mapping[Hashable, float] | None = None, explore_share: float = 0.02) -> None:
         self.baseline = baseline
         self.margin = margin
+        self.ceiling = dict(ceiling or {})
+        self.explore_share = explore_share
         self.arms = [a for a in dict.fromkeys(arms) if a != baseline]
         self.min_tries, self.probe_every, self.max_interval, self.decay = min_tries, probe_every, max_interval, decay
         self._gain = {a: 0.0 for a in self.arms}
@@ -322,7 +338,7 @@ class Bandit:
         untried = [a for a in self.arms if self._tries[a] < self.min_tries]
         best = self.best()
         due = [a for a in self.arms if a != best and self.probe_every
-               and self._round - self._last[a] >= self._interval[a]]
+               and self._round - self._last[a] >= max(self._interval[a], self._spacing(a, best))]
         if untried:
             arm = untried[0]
         elif due:
@@ -337,12 +353,32 @@ class Bandit:
             self._last[arm] = self._round
         return arm
 
+    def _spacing(self, arm: Hashable, best: Hashable) -> float:
+        """Fewest rounds between probes of a losing ``arm`` that keep its cost within its part of
+        the share."""
+        speed = self.speed(arm)
+        if self.explore_share <= 0 or speed <= 0:
+            return 0.0
+        losing = max(1, len(self.arms) - (best in self._gain))
+        return (self.speed(best) / speed - 1.0) * losing / self.explore_share
+
     def update(self, arm: Hashable, gain: float, cost: float) -> None:
         if arm not in self._gain:
             return
         self._tries[arm] += 1
         self._gain[arm] = self._gain[arm] * self.decay + gain
         self._cost[arm] = self._cost[arm] * self.decay + cost
+        if self._tries[arm] < self.min_tries and self._hopeless(arm):
+            self._tries[arm] = self.min_tries  # its trials are over: it lost
+
+    def _hopeless(self, arm: Hashable) -> bool:
+        """Even if every remaining trial reached the arm's ceiling, it would stay below the baseline."""
+        top = self.ceiling.get(arm)
+        if top is None or self.baseline is None:
+            return False
+        left = self.min_tries - self._tries[arm]
+        per_try = self._cost[arm] / self._tries[arm]
+        return (self._gain[arm] + left * top) / (self._cost[arm] + left * per_try) < 1.0
 
     def settled(self) -> Hashable:
         """The arm chosen most often so far (what this machine settled on)."""

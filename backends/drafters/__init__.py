@@ -206,19 +206,23 @@ def draft_can_pay(res: DrafterResources) -> bool:
     return res.memory[key]
 
 
-def _auto_names(settings: AutoSettings, res: DrafterResources) -> list[str]:
-    """Every drafter this session can run that may pay: prompt lookup always, the draft model when
-    the measured costs leave it a chance (playing one that cannot pay only costs answers, and its
-    prefill doubles the wait for the first token), and the datastore when there is one."""
-    return ["pld"] + (["draft"] if draft_can_pay(res) else []) + (["rest"] if settings.datastore else [])
-
-
 def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
-    """Arms: prompt lookup alone, and every drafter merged (when there is more than prompt lookup)."""
-    names = _auto_names(settings, res)
+    """Arms: prompt lookup alone; with a datastore, ``rest`` (the conversation first, then the
+    datastore); and when the measured costs leave a draft model a chance, everything merged.
+
+    The datastore is its own arm, not a branch merged into prompt lookup's tree: REST already
+    drafts from the conversation and falls back to the datastore only where the conversation has
+    nothing, so it costs prompt lookup almost nothing where the datastore does not help, while a
+    merged tree verifies both at once and paid 7% less than prompt lookup on SmolLM2 F16. A draft
+    model that cannot pay is left out: playing it only costs answers, and its prefill doubles the
+    wait for the first token.
+    """
     arms = {"pld": _build_pld(PLDSettings(), res)}
-    if len(names) > 1:
-        merged = SpecInferSettings(drafters=",".join(names), rest_datastore=settings.datastore)
+    if settings.datastore:
+        arms["rest"] = _build_rest(RESTSettings(datastore=settings.datastore), res)
+    if draft_can_pay(res):
+        merged = SpecInferSettings(drafters=",".join(["pld", "draft"] + (["rest"] if settings.datastore else [])),
+                                   rest_datastore=settings.datastore)
         arms["specinfer:" + merged.drafters] = _build_specinfer(merged, res)
     selector = res.memory.setdefault(("auto", settings, tuple(arms)), MethodSelector(list(arms)))
     return AutoDrafter(arms, costs=res.costs() or CostModel.from_relative([1.0] * 17), selector=selector)
@@ -230,8 +234,8 @@ REGISTRY: dict[str, MethodSpec] = {
         MethodSpec("ar", "plain decoding, one token per forward: the baseline", ARSettings, lambda s, r: ARDrafter(s)),
         MethodSpec(
             "auto",
-            "per prompt, whichever has been fastest here on such prompts: prompt lookup, every drafter this "
-            "session has (a draft model that can pay here, a datastore) merged into one tree, or plain decoding",
+            "per prompt, whichever has been fastest here on such prompts: prompt lookup, retrieval from a "
+            "datastore, a draft model that can pay here merged with them into one tree, or plain decoding",
             AutoSettings,
             _build_auto,
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.6, "code": 0.6, "rag": 0.55}),

@@ -101,10 +101,14 @@ class ShapeBandit(Bandit):
     noisy wall clock does not decide). Plain decoding, (0, 0), is the baseline worth exactly 1.
     """
 
-    def __init__(self, shapes: Sequence[tuple[int, int]], *, min_tries: int = 4, probe_every: int = 32,
-                 max_interval: int = 2048, decay: float = 0.97) -> None:
+    def __init__(self, shapes: Sequence[tuple[int, int]], *, ngram: int = 3, min_tries: int = 2,
+                 probe_every: int = 32, max_interval: int = 2048, decay: float = 0.97) -> None:
+        """``ngram`` (N) bounds what a shape can emit in one step: a window of W guesses gives at
+        most W + 1 tokens, a pool candidate N; the bandit ends a shape's trials once it could not
+        pay even at that."""
+        ceiling = {(w, g): 1 + max(w, ngram - 1 if g else 0) for w, g in shapes}
         super().__init__(shapes, baseline=(0, 0), min_tries=min_tries, probe_every=probe_every,
-                         max_interval=max_interval, decay=decay)
+                         max_interval=max_interval, decay=decay, ceiling=ceiling)
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -126,7 +130,7 @@ class LookaheadDrafter:
         self.settings = settings or LookaheadSettings()
         s = self.settings
         self.costs = costs or CostModel.from_relative([1.0] * 17)
-        self.bandit = bandit or ShapeBandit(default_shapes(s))
+        self.bandit = bandit or ShapeBandit(default_shapes(s), ngram=s.ngram)
         self.begin([])
 
     def begin(self, prompt: Sequence[int]) -> None:
