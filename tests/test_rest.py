@@ -304,3 +304,33 @@ def test_fruitless_lookups_are_spaced_out_and_a_match_resets_them(tmp_path):
     prompt = list(range(5, 25))
     finished = run(oracle, drafter, prompt, GenerationSettings(max_new_tokens=96))
     assert finished.stats.forwards > 60 and len(calls) < finished.stats.forwards / 2
+
+
+def test_the_gate_stops_consulting_a_datastore_that_does_not_pay_and_keeps_one_that_does(tmp_path):
+    from backends.drafters.rest import DATASTORE, new_gate
+
+    oracle = OracleTarget(32, seed=5)
+    store = _store(tmp_path, [[31, 30] * 50])  # text the oracle never produces after this prompt
+    now = [0.0]
+    calls = []
+
+    class Slow(Datastore):  # every lookup takes half a forward's time
+        def continuations(self, context, **kw):
+            calls.append(len(context))
+            now[0] += COSTS.seconds(0, len(context)) / 2
+            return super().continuations(context, **kw)
+
+    drafter = RESTDrafter(Slow(store.path), RESTSettings(conversation=False), costs=COSTS, clock=lambda: now[0])
+    finished = run(oracle, drafter, list(range(5, 25)), GenerationSettings(max_new_tokens=400))
+    assert drafter.gate.best() == "off" and drafter.gate.speed(DATASTORE) < 0.7
+    # 16 trials, then probes no sooner than 32, 64, 128 ... rounds apart; spacing the lookups out
+    # alone (the backoff) would still look up every 16th step
+    assert len(calls) <= 24 < finished.stats.forwards / 16
+
+    sampling = SamplingSettings()
+    prompt = [5, 9, 2, 7]
+    answer = plain_greedy(oracle, prompt, 64, sampling)
+    paying = RESTDrafter(_store(tmp_path, [[1, 1] + prompt + answer], name="paying"), RESTSettings(conversation=False),
+                         costs=COSTS, gate=new_gate())
+    run(oracle, paying, prompt, GenerationSettings(max_new_tokens=64))
+    assert paying.gate.best() == DATASTORE and paying.gate.speed(DATASTORE) > 2.0

@@ -289,13 +289,14 @@ class Bandit:
     - ``ceiling`` (optional): the most gain an arm can make in one round (for a draft of depth
       ``d``, ``d + 1`` tokens). An arm whose remaining trials could not lift it to the baseline even
       if each of them reached the ceiling ends its trials early. On 2 CPU cores a 10-node
-      lookahead tree costs 4.5 forwards on SmolLM2 Q4_1 and can emit 5 tokens, so one fruitless
-      trial rules it out, where four trials cost 18 forwards for 4 tokens.
+      lookahead tree costs 4.5 forwards on SmolLM2 Q4_1 and can emit at most 5 tokens, so after
+      one fruitless trial of two, (1 + 5) / (2 * 4.5) < 1 rules it out.
     - ``explore_share``: the share of rounds that probing the losing arms may cost, split among
       them. A round of a losing arm costs what it loses against the best arm (``best speed / its
-      speed - 1`` rounds), so with 4 losing arms and a 2% share, one at a quarter of the best
-      speed is re-probed no sooner than 600 rounds after its last probe, one 5% behind after the
-      usual ``probe_every``.
+      speed - 1`` rounds), so with 4 losing arms and a 1% share, one at a quarter of the best
+      speed is re-probed no sooner than 1200 rounds after its last probe, one 5% behind after the
+      usual ``probe_every``. Where nothing beats plain decoding (lookahead on a CPU) the share is
+      what exploring costs, so it is kept well inside the 3% a method may lose.
 
     Example: arms ``a`` (2 tokens for 1.5 forwards) and ``b`` (1 for 1.2): after the trials ``a``
     plays, at 1.33x; with ``a`` at 1 token for 1.5 the baseline (1.0x) would play instead.
@@ -303,7 +304,7 @@ class Bandit:
 
     def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4,
                  probe_every: int = 32, max_interval: int = 2048, decay: float = 0.97, margin: float = 0.0,
-                 ceiling: Mapping[Hashable, float] | None = None, explore_share: float = 0.02) -> None:
+                 ceiling: Mapping[Hashable, float] | None = None, explore_share: float = 0.01) -> None:
         self.baseline = baseline
         self.margin = margin
         self.ceiling = dict(ceiling or {})

@@ -3,9 +3,10 @@
 Which method pays depends on the machine (a draft model that wins on a GPU loses on 2 CPU cores,
 where one of its forwards costs 0.8 of the target's), on the model, and on the prompt: prompt
 lookup shines where the answer quotes a long document, a draft model on free chat. So ``auto``
-measures instead of guessing. Its arms are the session's methods: prompt lookup alone, REST when
-the session has a datastore, a draft model merged with the others through SpecInfer when the
-measured costs say it could pay at all, and plain decoding as the baseline.
+measures instead of guessing. Its arms are the session's methods: prompt lookup (REST, which
+drafts from the conversation first, when the session has a datastore), a draft model merged with
+it through SpecInfer when the measured costs say it could pay at all, and plain decoding as the
+baseline.
 Each answer plays one arm, chosen by a ``Bandit`` kept per kind of prompt (short chat prompts,
 long documents) for the whole session.
 
@@ -14,7 +15,7 @@ single-forward units, ``(verify seconds + the arm's own drafting seconds) / t1``
 the cost model's current time of one plain forward at that context. The cost model follows the
 machine's load, so a busy neighbour slows the arm and ``t1`` alike and the ratio stays fair.
 
-Arms are listed simplest first: prompt lookup, REST, the merged drafters, then plain decoding. A later
+Arms are listed simplest first: prompt lookup (or REST), the merged drafters, then plain decoding. A later
 arm plays only if it measured 3% faster than every one before it: one answer's speed scatters by
 10% or more around the arm's mean (how much of the answer repeats its prompt varies), so on a
 near-tie the cheaper arm is the safer bet, and plain decoding takes over only from arms that
