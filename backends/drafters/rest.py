@@ -19,8 +19,8 @@ up is scored as tokens emitted over its cost in forwards, the verify plus the lo
 against plain decoding's 1. A datastore that does not pay on this machine and these prompts is
 then consulted only now and then, within the bandit's 1% exploration share, and ``rest`` runs as
 fast as prompt lookup; one that pays stays on. Measured on SmolLM2 F16 with a datastore of its own
-answers to other questions, ungated lookups and their failed drafts cost 1.5% against prompt
-lookup.
+answers to other questions, ungated lookups and their failed drafts cost 1.6% against prompt
+lookup; gated, ``rest`` ran at 0.996 of prompt lookup's speed, paired prompt by prompt.
 
 The conversation itself is searched too (``conversation=True``, the default), before the
 datastore: an answer repeats its prompt and itself far more often than it repeats anything a
