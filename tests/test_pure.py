@@ -334,13 +334,18 @@ def test_shadow_ledger_scores_withheld_guesses():
 def test_cost_probes_are_chains_then_four_branch_trees():
     from backends.core.costs import interpolate, probe, probe_sizes
 
-    assert probe_sizes(8) == [0, 1, 2, 3, 4, 6, 8]
-    assert probe_sizes(10) == [0, 1, 2, 3, 4, 6, 8, 10]
-    assert probe_sizes(40) == [0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 40]
+    assert probe_sizes(8) == [0, 1, 2, 4, 8]
+    assert probe_sizes(10) == [0, 1, 2, 4, 8, 10]
+    assert probe_sizes(64) == [0, 1, 2, 4, 8, 16, 32]  # 64 is extrapolated
     assert probe(7, 3).is_chain
     tree = probe(7, 30)
     assert tree.size == 30 and sum(p < 0 for p in tree.parents) == 4  # four root branches
+    small = probe(7, 2, tree=True)
+    assert not small.is_chain and small.size == 2 and small.parents == (-1, -1)
     assert interpolate([0, 16, 24], [1.0, 17.0, 21.0])[20] == pytest.approx(19.0)
+    beyond = interpolate([0, 16, 32], [1.0, 5.0, 9.0], 64)  # the line through the last two goes on
+    assert len(beyond) == 65 and beyond[48] == pytest.approx(13.0) and beyond[64] == pytest.approx(17.0)
+    assert interpolate([0, 1, 2], [1.0, 2.0, 1.5], 4)[4] == pytest.approx(1.5)  # a dip does not go on down
 
 
 def test_method_selector_learns_the_fastest_arm_per_kind_of_prompt_and_falls_back_to_plain():

@@ -8,8 +8,8 @@ relative to one token: k = 1 costs 1.7x; k = 4 costs 2.0x at 64 tokens of contex
 loses on one machine or another; so the curve is measured, at lengths up to 16 and a few tree
 sizes up to 64.
 
-``time_forwards`` measures a curve after a short filler context, when a model is first loaded (a
-second on 2 cores for SmolLM2 F16). ``time_here`` measures one on top of what the cache holds:
+``time_forwards`` measures a curve after a short filler context, when a model is first loaded
+(0.4 s on 2 cores for SmolLM2 F16, 0.5 s for Q4_1, where every extra node costs more). ``time_here`` measures one on top of what the cache holds:
 the session runs it once per model, after the first long prompt's prefill, instead of prefilling a
 thousand tokens of filler at load (that alone took 2 s). ``CostModel`` holds curves at one or more
 context lengths, interpolates between them (beyond, it extrapolates: attention cost grows linearly
@@ -32,43 +32,55 @@ from backends.core.types import Proposal, Verdict
 _KEEP_ROOT = Verdict(path=(), tokens=(0,), drafted=0, draft_depth=0)
 
 
-DENSE_SIZES = (0, 1, 2, 3, 4, 6, 8, 12, 16)  # chains measured; straight lines between them
+DENSE_SIZES = (0, 1, 2, 4, 8, 16)  # chains measured; straight lines between them
 DENSE_UP_TO = DENSE_SIZES[-1]
-SPARSE_SIZES = (32, 64)
+TWICE_UP_TO = 4  # chains this short are timed twice (the fastest counts): every draft pays them
+SPARSE_SIZES = (32,)  # trees measured; beyond the last, the line through the last two goes on
 TREE_BRANCHES = 4  # the shape of the probes past DENSE_UP_TO: trees, as merged and retrieval drafts are
-SHORT_CONTEXT = 64  # tokens of filler the load-time curve is measured after
+SHORT_CONTEXT = 16  # tokens of filler the load-time curve is measured after
 
 
 def probe_sizes(k_max: int) -> list[int]:
-    """Node counts whose verify time is measured for a curve up to ``k_max`` (always 0 and k_max).
+    """Node counts whose verify time is measured for a curve up to ``k_max``.
 
-    Not every length: straight lines between these stay within 6% of measuring every length up to
-    16 (SmolLM2 F16, 2 cores), less than two measurements of one length scatter, at half the time.
-    Example: ``probe_sizes(40)`` is ``0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 40``.
+    Not every length: on SmolLM2 (2 cores) the cost grows in straight lines between these, within
+    the 5 to 10% that two measurements of one length scatter by, and linearly past 16 nodes
+    (F16: 4.4x at 16, 7.6x at 32, 14.2x at 64; extrapolated from 16 and 32, 64 nodes come out 2.5%
+    low; Q4_1 1.8%). Measuring 0, 1, 2, 3, 4, 6, 8, 12, 16, 32 and 64 took 1.0 s on F16, 1.45 s on
+    Q4_1; these take 0.4 and 0.5 s, with the filler prefill, and fit the curve as closely.
+    Example: ``probe_sizes(64)`` is ``0, 1, 2, 4, 8, 16, 32``; ``probe_sizes(10)`` is
+    ``0, 1, 2, 4, 8, 10``.
     """
-    sizes = [k for k in DENSE_SIZES if k < k_max] + [k for k in SPARSE_SIZES if k < k_max]
-    return sizes + [k_max]
+    top = min(k_max, SPARSE_SIZES[-1])
+    return [k for k in DENSE_SIZES + SPARSE_SIZES if k < top] + [top]
 
 
-def probe(token: int, k: int) -> Proposal:
-    """A chain of ``k`` tokens up to DENSE_UP_TO, beyond it a tree of TREE_BRANCHES equal branches.
+def probe(token: int, k: int, *, tree: bool | None = None) -> Proposal:
+    """A chain of ``k`` tokens up to DENSE_UP_TO, beyond it (or when ``tree``) a tree of
+    TREE_BRANCHES equal branches.
 
     A tree batch costs what a chain of as many tokens costs (measured for SmolLM2 F16 at 512 tokens
     of context: 8 to 64 nodes, 1 to 16 branches, within 3%), but the probe takes the tree path
     through the backend so a backend where it does not is measured as it is.
     """
-    if k <= DENSE_UP_TO:
+    if not (k > DENSE_UP_TO if tree is None else tree):
         return Proposal.chain([token] * k)
     parents: list[int] = []
-    for branch in range(TREE_BRANCHES):
+    for branch in range(min(TREE_BRANCHES, k)):
         length = k // TREE_BRANCHES + (1 if branch < k % TREE_BRANCHES else 0)
         parents += [-1] + [len(parents) + i for i in range(length - 1)]
     return Proposal((token,) * k, tuple(parents))
 
 
-def interpolate(sizes: Sequence[int], seconds: Sequence[float]) -> list[float]:
-    """Seconds for every k = 0..sizes[-1] from measurements at ``sizes`` (straight lines between)."""
-    return [float(x) for x in np.interp(np.arange(sizes[-1] + 1), sizes, seconds)]
+def interpolate(sizes: Sequence[int], seconds: Sequence[float], k_max: int | None = None) -> list[float]:
+    """Seconds for every k = 0..k_max from measurements at ``sizes``: straight lines between them,
+    and past the last the line through the last two (``k_max`` defaults to the last size)."""
+    ks = np.arange((sizes[-1] if k_max is None else k_max) + 1)
+    curve = np.interp(ks, sizes, seconds)
+    if len(sizes) > 1 and ks[-1] > sizes[-1]:
+        slope = max(seconds[-1] - seconds[-2], 0.0) / (sizes[-1] - sizes[-2])
+        curve = np.where(ks > sizes[-1], seconds[-1] + slope * (ks - sizes[-1]), curve)
+    return [float(x) for x in curve]
 
 
 def _filler(target: Target) -> int:
@@ -82,11 +94,12 @@ def time_here(target: Target, k_max: int, *, reps: int = 2, clock: Callable[[], 
 
     Leaves the cache as it found it, so it can run between a prompt's prefill and its first step.
     ``stop`` is asked before every probe; once it says yes the result is None (a user who pressed
-    Stop waits at most one probe, a quarter second on 2 cores). One forward of the largest probe
-    warms thread pools and compute buffers up first. Repetitions are interleaved across k, so a
-    burst of load from another process spreads over all lengths instead of bending one. Past
-    DENSE_UP_TO a probe costs up to 30 forwards (Q4_1 on 2 cores) and the curve is a straight
-    line, so those sizes are timed once, in the last round.
+    Stop waits at most one probe, 0.15 s on 2 cores). One small tree forward warms thread pools,
+    compute buffers and the backend's tree path up first. Repetitions are interleaved across k, so
+    a burst of load from another process spreads over all lengths instead of bending one. Chains
+    up to TWICE_UP_TO are timed ``reps`` times: every draft pays them, and their scatter would
+    move the whole relative curve (it is divided by k = 0). Longer probes cost several forwards
+    each (32 nodes: 15 on Q4_1) and are timed once, in the last round.
     """
     context = target.n_past
     if context + k_max + 2 > target.n_ctx:
@@ -95,8 +108,7 @@ def time_here(target: Target, k_max: int, *, reps: int = 2, clock: Callable[[], 
     sizes = probe_sizes(k_max)
     samples: dict[int, list[float]] = {k: [] for k in sizes}
 
-    def timed(k: int) -> float:
-        proposal = probe(token, k)
+    def timed(proposal: Proposal) -> float:
         start = clock()
         target.verify(token, proposal)
         seconds = clock() - start
@@ -104,14 +116,14 @@ def time_here(target: Target, k_max: int, *, reps: int = 2, clock: Callable[[], 
         target.truncate(context)
         return seconds
 
-    timed(k_max)  # the largest probe: the first batch of a size, or through the tree path, costs extra
+    timed(probe(token, min(k_max, 2 * TREE_BRANCHES), tree=True))  # first batches, and trees, cost extra
     for round_ in range(reps):
-        for k in sizes if round_ == reps - 1 else [k for k in sizes if k <= DENSE_UP_TO]:
+        for k in sizes if round_ == reps - 1 else [k for k in sizes if k <= TWICE_UP_TO]:
             if stop():
                 return None
-            samples[k].append(timed(k))
+            samples[k].append(timed(probe(token, k)))
     # interference only ever adds time: the fastest repetition is the truest
-    return interpolate(sizes, [min(samples[k]) for k in sizes])
+    return interpolate(sizes, [min(samples[k]) for k in sizes], k_max)
 
 
 def time_forwards(target: Target, k_max: int, *, reps: int = 2, context: int = SHORT_CONTEXT,
