@@ -327,11 +327,6 @@ def summarize(records: list[dict], methods: Sequence[str]) -> dict:
 
 
 def _group(rows: list[dict], ar_rows: list[dict]) -> dict:
-    def rate(rs: list[dict]) -> float:
-        tokens = sum(r["new_tokens"] for r in rs)
-        seconds = sum(r["new_tokens"] / r["decode_tok_s"] for r in rs if r["decode_tok_s"] and r["decode_tok_s"] == r["decode_tok_s"])
-        return tokens / seconds if seconds else float("nan")
-
     speedups = [r["speedup"] for r in rows if not math.isnan(r["speedup"])]
     low, high = speedup_interval(rows, ar_rows)
     ideals = [r["ideal_speedup"] for r in rows if not math.isnan(r["ideal_speedup"])]
@@ -340,8 +335,8 @@ def _group(rows: list[dict], ar_rows: list[dict]) -> dict:
     accepted_at, drafted_at = _sum_lists(rows, "accepted_at"), _sum_lists(rows, "drafted_at")
     group = {
         "prompts": len(rows),
-        "decode_tok_s": rate(rows),
-        "speedup": rate(rows) / rate(ar_rows) if ar_rows else float("nan"),
+        "decode_tok_s": _overall_rate(rows),
+        "speedup": _overall_rate(rows) / _overall_rate(ar_rows) if ar_rows else float("nan"),
         "speedup_low": low, "speedup_high": high,
         "mean_prompt_speedup": statistics.fmean(speedups) if speedups else float("nan"),
         "ideal_speedup": statistics.fmean(ideals) if ideals else float("nan"),
@@ -384,6 +379,43 @@ def speedup_interval(rows: list[dict], ar_rows: list[dict], *, draws: int = 2000
     ratios = (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
     tail = (1.0 - coverage) / 2
     return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1.0 - tail))
+
+
+def against_fastest(records: list[dict], methods: Sequence[str]) -> dict[str, dict]:
+    """Each method against the fastest *other* method overall, paired prompt by prompt.
+
+    Methods that combine others (``auto``, ``specinfer``) must at least tie with the best of
+    their parts, and two methods within a percent of each other cannot be told apart from their
+    speedups over ``ar`` alone: both move with ``ar``'s own runs. Paired directly, the interval
+    shows whether a gap is real. ``ar`` and the peers are compared but never the rival.
+    """
+    rows = {m: [r for r in records if r["method"] == m] for m in methods}
+    rates = {m: _overall_rate(rs) for m, rs in rows.items() if rs}
+    rivals = [m for m in rates if m != "ar" and m not in PEERS]
+    out: dict[str, dict] = {}
+    for m in methods:
+        others = [o for o in rivals if o != m]
+        if m not in rates or not others:
+            continue
+        best = max(others, key=lambda o: rates[o])
+        low, high = speedup_interval(rows[m], rows[best])
+        out[m] = {"rival": best, "ratio": rates[m] / rates[best], "low": low, "high": high}
+    return out
+
+
+def _overall_rate(rows: list[dict]) -> float:
+    """Tokens over seconds of a group of answers (long answers weigh by their length)."""
+    timed = [r for r in rows if r["decode_tok_s"] and r["decode_tok_s"] == r["decode_tok_s"]]
+    seconds = sum(r["new_tokens"] / r["decode_tok_s"] for r in timed)
+    return sum(r["new_tokens"] for r in timed) / seconds if seconds else float("nan")
+
+
+def against_fastest_markdown(table: dict[str, dict]) -> str:
+    lines = ["| method | against | ratio | 90% interval |", "|---|---|---|---|"]
+    for m, v in table.items():
+        lines.append(f"| {m} | {v['rival']} | {_fmt(v['ratio'], '{:.3f}')} "
+                     f"| {_fmt(v['low'], '{:.3f}')}-{_fmt(v['high'], '{:.3f}')} |")
+    return "\n".join(lines)
 
 
 def _energy_per_token(rows: list[dict]) -> float | None:
@@ -514,6 +546,10 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
     remember(session.model.path, records)
     summary = summarize(records, methods)
     print(markdown(summary, methods), file=out)
+    rivals = against_fastest(records, methods)
+    if rivals:
+        print("\nEach method against the fastest other one, paired prompt by prompt:\n\n"
+              + against_fastest_markdown(rivals), file=out)
     choices = auto_choices(session)
     for kind, arms in choices.items():
         print(f"\nauto on {kind} prompts: " + ", ".join(f"{arm} played {c['played']}x at {c['speed']:.2f}x"
@@ -529,7 +565,7 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
             "one_token_seconds": {c: costs.seconds(0, c) for c in costs.contexts},
             "draft_one_token_seconds": {c: draft_costs.seconds(0, c) for c in draft_costs.contexts} if draft_costs else None,
             "prompts": len(prompts), "power_source": sampler is not None, "auto_choices": choices}
-    return {"meta": meta, "summary": _clean(summary), "records": _clean(records)}
+    return {"meta": meta, "summary": _clean(summary), "against_fastest": _clean(rivals), "records": _clean(records)}
 
 
 def auto_choices(session: Session) -> dict:

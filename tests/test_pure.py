@@ -422,6 +422,21 @@ def test_bandit_probes_a_losing_arm_within_the_exploration_share():
     assert min(b - a for a, b in zip(budgeted, budgeted[1:])) >= 150  # (4 - 1) / 0.02
 
 
+def test_bench_compares_each_method_with_the_fastest_other_one():
+    from backends.bench import against_fastest
+
+    def rows(method: str, factor: float) -> list[dict]:
+        return [{"method": method, "question_id": q, "category": "qa", "new_tokens": 100,
+                 "decode_tok_s": (50.0 + q) * factor * (1.02 if q % 2 else 0.98)} for q in range(10)]
+
+    records = rows("ar", 1.0) + rows("pld", 1.2) + rows("draft", 0.9) + rows("auto", 1.2 * 0.99)
+    table = against_fastest(records, ["ar", "pld", "draft", "auto"])
+    assert table["auto"]["rival"] == "pld" and table["auto"]["ratio"] == pytest.approx(0.99)
+    assert table["auto"]["low"] == pytest.approx(0.99) == pytest.approx(table["auto"]["high"])  # same scatter: paired away
+    assert table["pld"]["rival"] == "auto" and table["pld"]["ratio"] > 1.0
+    assert table["ar"]["rival"] == "pld" and "ar" not in {v["rival"] for v in table.values()}
+
+
 def test_bench_speedup_interval_pairs_prompts_and_brackets_the_figure():
     from backends.bench import speedup_interval
 
