@@ -338,8 +338,9 @@ class Bandit:
         self._round += 1
         untried = [a for a in self.arms if self._tries[a] < self.min_tries]
         best = self.best()
-        due = [a for a in self.arms if a != best and self.probe_every
-               and self._round - self._last[a] >= max(self._interval[a], self._spacing(a, best))]
+        due = [] if untried or not self.probe_every else [  # the spacing only once the interval is up
+            a for a in self.arms if a != best and self._round - self._last[a] >= self._interval[a]
+            and self._round - self._last[a] >= self._spacing(a, best)]
         if untried:
             arm = untried[0]
         elif due:
