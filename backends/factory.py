@@ -127,9 +127,9 @@ class Session:
         Verifying a draft gets dearer relative to one token as the context grows (F16, 2 cores:
         16 tokens cost 4.0x at 64 tokens of context, 6.1x at 1024); without this the controller
         would only learn that from corrections, a step at a time. It costs this one answer 0.47 s
-        of first-token latency (F16 on 2 cores, 600 tokens; Q4_1 0.53 s), and saves the 2 s it took to prefill
-        filler text at load. A cancelled answer stops it between probes; the next long prompt
-        measures again.
+        of first-token latency (F16 on 2 cores, 600 tokens; Q4_1 0.53 s), and saves the 2 s it
+        took to prefill filler text at load. A cancelled answer stops it between probes; the next
+        long prompt measures again.
         """
         stop = cancel.is_set if cancel is not None else (lambda: False)
         pairs = [(self.target, self.model, self._costs), (self.draft_target, self.draft_model, self._draft_costs)]

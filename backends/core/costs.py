@@ -5,13 +5,14 @@ how much more depends on the weight type, the build's matrix kernels and the con
 (every drafted token attends to the whole context). Measured here for SmolLM2 F16 on 2 cores,
 relative to one token: k = 1 costs 1.7x; k = 4 costs 2.0x at 64 tokens of context and 2.4 to
 2.7x at 1024; k = 16 costs 4.0x and 6.1 to 6.7x; a 64-node tree 13x and 19x. A fixed draft length
-loses on one machine or another; so the curve is measured, at lengths up to 16 and a few tree
-sizes up to 64.
+loses on one machine or another; so the curve is measured, at lengths up to 16 and a 32-node
+tree, and extended in a straight line to 64 nodes.
 
 ``time_forwards`` measures a curve after a short filler context, when a model is first loaded
-(0.4 s on 2 cores for SmolLM2 F16, 0.5 s for Q4_1, where every extra node costs more). ``time_here`` measures one on top of what the cache holds:
-the session runs it once per model, after the first long prompt's prefill, instead of prefilling a
-thousand tokens of filler at load (that alone took 2 s). ``CostModel`` holds curves at one or more
+(0.4 s on 2 cores for SmolLM2 F16, 0.5 s for Q4_1, where every extra node costs more).
+``time_here`` measures one on top of what the cache holds: the session runs it once per model,
+after the first long prompt's prefill, instead of prefilling a thousand tokens of filler at load
+(that alone took 2 s). ``CostModel`` holds curves at one or more
 context lengths, interpolates between them (beyond, it extrapolates: attention cost grows linearly
 with context), and keeps learning from the verify times the target reports while generating
 (``observe``): a machine that gets busier or a context past the measured range shifts the
