@@ -273,6 +273,9 @@ class TreeLedger:
         return done
 
 
+_UNKNOWN = object()  # a Bandit's best arm, not yet worked out
+
+
 class Bandit:
     """Which of several arms to play: the one with the best measured gain per unit of cost.
 
@@ -318,6 +321,7 @@ class Bandit:
         self._interval = {a: probe_every for a in self.arms}
         self.chosen: dict[Hashable, int] = {}
         self._round = 0
+        self._best: Hashable = _UNKNOWN  # best() until the next update (asked every round)
 
     def speed(self, arm: Hashable) -> float:
         """Gain per unit of cost (1.0 for the baseline and for an arm never measured)."""
@@ -328,11 +332,13 @@ class Bandit:
     def best(self) -> Hashable:
         """The fastest arm, where an arm listed later (the baseline last) must beat the ones before
         it by ``margin``: with estimates this noisy, a near-tie goes to the simpler arm."""
-        best = self.arms[0] if self.arms else self.baseline
-        for arm in [*self.arms[1:], self.baseline]:
-            if self.speed(arm) > self.speed(best) * (1.0 + self.margin):
-                best = arm
-        return best
+        if self._best is _UNKNOWN:
+            best = self.arms[0] if self.arms else self.baseline
+            for arm in [*self.arms[1:], self.baseline]:
+                if self.speed(arm) > self.speed(best) * (1.0 + self.margin):
+                    best = arm
+            self._best = best
+        return self._best
 
     def choose(self) -> Hashable:
         self._round += 1
@@ -368,6 +374,7 @@ class Bandit:
         if arm not in self._gain:
             return
         self._tries[arm] += 1
+        self._best = _UNKNOWN
         self._gain[arm] = self._gain[arm] * self.decay + gain
         self._cost[arm] = self._cost[arm] * self.decay + cost
         if self._tries[arm] < self.min_tries and self._hopeless(arm):
