@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from backends.bench import NOISY_OTHER_CPU, BenchConfig, load_prompts, run_bench, spec_bench_category
+from backends.core.costs import SHORT_CONTEXT
 from backends.core.types import GenerationSettings
 from backends.factory import Session, SessionConfig
 from backends.hardware.observed import ObservedStore
@@ -88,7 +89,10 @@ def test_bench_runs_methods_and_peers_side_by_side(tmp_path, smollm_f16_path):
     mt = next(r for r in records if r["method"] == "ar" and r["category"] == "mt_bench")
     assert "\n\n" in mt["text"]  # two turns, answered one after the other
     table = out.read_text()
-    assert "| pld |" in table and "| peer-llamacpp-pld |" in table and "verify cost at 64 tokens" in table
+    assert "| pld |" in table and "| peer-llamacpp-pld |" in table and f"verify cost at {SHORT_CONTEXT} tokens" in table
+    assert "| peer-llamacpp-pld | pld |" in table  # paired against the fastest of SpecDeck's methods
+    rivals = result["against_fastest"]  # pld has no rival of its own kind here; peers are never one
+    assert set(rivals) == {"ar", "peer-llamacpp", "peer-llamacpp-pld"} and {v["rival"] for v in rivals.values()} == {"pld"}
     summary = result["summary"]
     assert set(summary["pld"]) == {"mt_bench", "summarization", "overall"}
     # No GPU and no readable RAPL here: energy is unknown, not zero.
