@@ -131,8 +131,17 @@ def test_auto_leaves_out_a_draft_model_that_cannot_pay(smollm_session, monkeypat
     # a draft forward that costs as much as a target one cannot pay even if every guess is right
     _cheap_draft(smollm_session, monkeypatch, share=1.0)
     assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld"]
-    assert smollm_session.drafter("specinfer", SamplingSettings())  # chosen explicitly, it still runs
+    # chosen explicitly, specinfer leaves it out too: prompt lookup drafts alone, and the draft model
+    # is not even prefilled (forced with adaptive=False, it stays)
+    alone = smollm_session.drafter("specinfer", SamplingSettings())
+    assert [type(d).__name__ for d in alone.drafters] == ["PLDDrafter"] and "cannot pay" in alone.playing
+    assert len(smollm_session.drafter("specinfer", SamplingSettings(), adaptive=False).drafters) == 2
+    smollm_session.reset()
+    events = list(smollm_session.generate("specinfer", list(range(100, 140)), GenerationSettings(max_new_tokens=8)))
+    assert events[-1].stats.played == alone.playing and smollm_session.draft_target.n_past == 0
     _cheap_draft(smollm_session, monkeypatch, share=0.05)
+    both = smollm_session.drafter("specinfer", SamplingSettings())
+    assert len(both.drafters) == 2 and not both.playing
     assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld", "specinfer:pld,draft"]
     for _ in range(50):  # decided once per pair of cost models: drift does not reshuffle auto's arms
         smollm_session.draft_cost_model().observe(0, 64, 10.0)

@@ -3,7 +3,9 @@
 SpecInfer (Miao et al.) verifies the guesses of several small speculators together: where they
 agree the tree shares nodes, where they differ it branches, and the target keeps the longest path
 it agrees with. Any drafters work; the useful pairs are complementary, e.g. a draft model (good
-on free text) with prompt lookup (free, and right when the answer quotes).
+on free text) with prompt lookup (free, and right when the answer quotes). A draft model that
+cannot pay on this machine even if every guess held is left out by the registry (see
+``backends.drafters.draft_can_pay``); with one drafter left, specinfer runs it as if alone.
 
 Merging. Each sub-drafter proposes as if it were alone (its own controller picks its length);
 the proposals are inserted into a trie in order, and the merged tree is then cut to the nodes
@@ -156,7 +158,9 @@ class SpecInferDrafter:
     CONFIDENT = 1.0  # expected accepted tokens from free drafters that make a model's draft unneeded
 
     def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None,
-                 sizer: TreeSizer | None = None) -> None:
+                 sizer: TreeSizer | None = None, playing: str = "") -> None:
+        """``playing``: which drafters run, when the registry left one out (shown in stats)."""
+        self.playing = playing
         # Drafters are asked cheapest first (``ask_cost``: 0 for an n-gram lookup, more for a
         # datastore search, most for a draft model's forwards); once the free ones have a
         # confident guess the costlier ones are skipped, since their time is paid even when the
@@ -178,6 +182,8 @@ class SpecInferDrafter:
             d.begin(prompt)
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
+        if len(self.drafters) == 1:  # nothing to merge: it drafts, and learns, as if alone
+            return self.drafters[0].propose(context, budget)
         self._context_len = len(context)
         self._last = []
         confident = 0.0
@@ -204,6 +210,9 @@ class SpecInferDrafter:
         return chosen.proposal
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        if len(self.drafters) == 1:
+            self.drafters[0].observe(out, verdict)  # it times the verify itself
+            return
         self.costs.observe(verdict.drafted, self._context_len, out.seconds)
         quiet = replace(out, seconds=0.0)  # timed once above, with the merged size
         for drafter, prop, mapping in zip(self.drafters, self._last, self._maps):
