@@ -127,7 +127,7 @@ def _cheap_draft(session, monkeypatch, share: float = 0.05) -> None:
     monkeypatch.setattr(session, "_draft_costs", CostModel({64: [one * share * (1 + k / 8) for k in range(65)]}))
 
 
-def test_auto_leaves_out_a_draft_model_that_cannot_pay(smollm_session, monkeypatch):
+def test_auto_and_specinfer_leave_out_a_draft_model_that_cannot_pay(smollm_session, monkeypatch):
     # a draft forward that costs as much as a target one cannot pay even if every guess is right
     _cheap_draft(smollm_session, monkeypatch, share=1.0)
     assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld"]
