@@ -170,8 +170,9 @@ def _build_specinfer(settings: SpecInferSettings, res: DrafterResources) -> Draf
     target's, nearly doubling the wait for the first token). ``adaptive=False`` keeps it."""
     names = settings.names
     playing = ""
-    if settings.adaptive and "draft" in names and len(names) > 1 and res.draft is not None and not draft_can_pay(res):
-        names = [n for n in names if n != "draft"]
+    free = [n for n in names if DRAFT_MODEL not in method_spec(n).requires]
+    if settings.adaptive and free and len(free) < len(names) and res.draft is not None and not draft_can_pay(res):
+        names = free
         playing = ",".join(names) + " (the draft model cannot pay here)"
     subs = []
     for name in names:
