@@ -7,6 +7,10 @@ fast stream of steps never turns into a stream of repaints.
 The plots take their background, axes, titles and labels from the widget's palette and take them
 again whenever the palette changes, so they follow the system's light/dark switch while the app
 runs (pyqtgraph's config options only reach items created afterwards).
+
+When the GPU stops answering while the window is open (card lost, driver unloaded, NVML gone),
+the sampler keeps sampling and says why in each sample's ``status``; the GPU plots then show that
+message over their last readings until readings come back, and the CPU and RAM plots go on.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class LiveCharts(QWidget):
         self.view = pg.GraphicsLayoutWidget()
         layout.addWidget(self.view)
         self._notes: list[pg.TextItem] = []  # text drawn inside plots ("no NVIDIA GPU detected")
+        self._status_notes: list[pg.TextItem] = []  # why GPU readings stopped, over the GPU plots
         self._build()
         self.apply_palette()
         self.timer = QTimer(self)
@@ -91,6 +96,10 @@ class LiveCharts(QWidget):
                 plot.setXRange(0, 1)
                 plot.setYRange(0, 1)
                 plot.setMouseEnabled(False, False)
+        else:
+            for plot in (self.gpu, self.vram):
+                self._status_notes.append(_status_note(plot, text))
+            self._notes += self._status_notes
         self.messages = {"gpu": NO_GPU if not self.has_gpu else None}
 
     # -- palette -----------------------------------------------------------------------------
@@ -122,6 +131,9 @@ class LiveCharts(QWidget):
         self.reference.label.setColor(text)
         for note in self._notes:
             note.setColor(text)
+        for note in self._status_notes:
+            note.fill = pg.mkBrush(background)
+            note.update()
 
     # -- input -------------------------------------------------------------------------------
     def set_reference(self, tok_s: float | None) -> None:
@@ -157,10 +169,13 @@ class LiveCharts(QWidget):
                         self.series[name].append((t, value))
             if s.status:
                 self.messages["gpu"] = s.status
+            elif s.gpus and self.has_gpu:
+                self.messages["gpu"] = None  # the GPU answers (again)
 
     # -- drawing -----------------------------------------------------------------------------
     def refresh(self) -> None:
         self._pull_samples()
+        self._show_gpu_status()
         horizon = time.monotonic() - self._t0 - WINDOW_S
         for name, curve in self.curves.items():
             points = [(t, v) for t, v in self.series[name] if t >= horizon]
@@ -168,6 +183,32 @@ class LiveCharts(QWidget):
                 xs, ys = zip(*points)
                 curve.setData(xs, ys)
 
+    def _show_gpu_status(self) -> None:
+        message = self.messages["gpu"] if self.has_gpu else None
+        for note in self._status_notes:
+            if message and note.toPlainText() != message:
+                note.setText(message)
+            note.setVisible(bool(message))
+
+    def gpu_status_shown(self) -> str | None:
+        """The message drawn over the GPU plots now, if any (what tests check)."""
+        shown = [note.toPlainText() for note in self._status_notes if note.isVisible()]
+        return shown[0] if shown else None
+
     def points(self, name: str) -> int:
         """How many points a series holds (what tests and the screenshot script check)."""
         return len(self.series[name])
+
+
+def _status_note(plot: pg.PlotItem, colour) -> pg.TextItem:
+    """A hidden label pinned to the plot's top-left corner (view pixels, not data coordinates, so
+    it stays put while the axes rescale), wrapped to the plot's width, on a background that hides
+    the curves behind it."""
+    view = plot.getViewBox()
+    note = pg.TextItem("", anchor=(0, 0), color=colour)
+    note.setParentItem(view)
+    note.setPos(6, 6)
+    note.setZValue(10)
+    note.hide()
+    view.sigResized.connect(lambda: note.setTextWidth(max(view.width() - 12, 40)))  # wrap inside the plot
+    return note

@@ -82,7 +82,7 @@ class NvmlSession:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             return GpuSample(index=index, vram_used_bytes=memory.used, **_live_fields(nvml, handle))
         except nvml.NVMLError as exc:
-            raise GpuLost(index, str(exc)) from exc
+            raise GpuLost(index, _nvml_reason(nvml, exc)) from exc
 
     def read_all(self) -> tuple[tuple[GpuSample, ...], str | None]:
         """Every device that answers, and what went wrong with those that did not.
@@ -139,10 +139,15 @@ def _open_nvml(nvml: Any) -> Any:
 
 
 def _nvml_reason(nvml: Any, exc: Exception) -> str:
-    """Plain words for the two everyday failures; pynvml's own text for the rest."""
+    """Plain words for the everyday failures; pynvml's own text for the rest.
+
+    Uninitialized in the middle of a run means NVML went away under the sampler (driver unloaded
+    or reinstalled, library gone); GPU_IS_LOST keeps pynvml's "GPU is lost".
+    """
     plain = {
         nvml.NVML_ERROR_LIBRARY_NOT_FOUND: "driver library not found",
         nvml.NVML_ERROR_DRIVER_NOT_LOADED: "driver not loaded",
+        nvml.NVML_ERROR_UNINITIALIZED: "driver unloaded or library gone",
     }
     return plain.get(getattr(exc, "value", None), str(exc))
 
