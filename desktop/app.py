@@ -14,11 +14,16 @@ import argparse  # noqa: E402
 import logging  # noqa: E402
 import sys  # noqa: E402
 
-from PySide6.QtCore import QSettings  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
 
+from PySide6.QtCore import QEventLoop, QSettings, Qt  # noqa: E402
+from PySide6.QtWidgets import QApplication, QProgressDialog  # noqa: E402
+
+from backends.core.errors import BackendError  # noqa: E402
 from backends.hardware.telemetry import Sampler  # noqa: E402
+from backends.models import llama_runtime  # noqa: E402
 from backends.models.catalog import DEFAULT_MODEL  # noqa: E402
+from desktop import crashlog  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from desktop.store import ConversationStore  # noqa: E402
 
@@ -31,25 +36,69 @@ def create_app(argv: list[str] | None = None) -> QApplication:
     return app  # type: ignore[return-value]
 
 
-def main(argv: list[str] | None = None) -> int:
+def probe_cpu_code(app: QApplication) -> None:
+    """Find the llama.cpp CPU code that runs here before the window needs it, without freezing.
+
+    The first start on a machine probes each variant in a child process (a few seconds); later
+    starts read the cached verdict at once. A failure is left for the window to report (it
+    is cached too, and llama.cpp then refuses to load with the same reason)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="specdeck-probe") as pool:
+        future: Future = pool.submit(llama_runtime.choose)
+        try:
+            future.result(timeout=0.5)
+            return
+        except TimeoutError:
+            pass
+        except BackendError:
+            return
+        dialog = QProgressDialog("Checking which llama.cpp CPU code runs on this PC (once per install) ...", "", 0, 0)
+        dialog.setCancelButton(None)
+        dialog.setWindowTitle("SpecDeck")
+        dialog.setWindowModality(Qt.WindowModality.ApplicationModal)
+        dialog.show()
+        while not future.done():
+            app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            future_wait(future, 0.03)
+        dialog.close()
+
+
+def future_wait(future: Future, seconds: float) -> None:
+    try:
+        future.result(timeout=seconds)
+    except Exception:  # noqa: BLE001 - only waiting here; the caller reads the outcome later
+        pass
+
+
+def start(argv: list[str] | None = None) -> tuple[QApplication, MainWindow, Sampler]:
+    """Create the application and its window, shown; ``main`` runs its event loop."""
     parser = argparse.ArgumentParser(prog="specdeck-gui", description="The SpecDeck desktop window.")
     parser.add_argument("--model", default=None, help=f"model id or .gguf path to load (default: the last one, else {DEFAULT_MODEL})")
     parser.add_argument("--no-load", action="store_true", help="open without loading a model")
     args, qt_args = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("specdeck.llama").setLevel(logging.ERROR)
+    previous_crash = crashlog.arm()
     app = create_app([sys.argv[0], *qt_args])
+    probe_cpu_code(app)
     sampler = Sampler.for_this_machine(interval=0.5).start()
     settings = QSettings()
     if args.model:
         settings.setValue("model/last", args.model)
     window = MainWindow(sampler=sampler, store=ConversationStore(), settings=settings,
                         autoload=None if args.no_load else DEFAULT_MODEL)
+    if previous_crash:
+        window.show_error("Last session", previous_crash, sticky=True)
     window.show()
+    return app, window, sampler
+
+
+def main(argv: list[str] | None = None) -> int:
+    app, _window, sampler = start(argv)
     try:
         return app.exec()
     finally:
         sampler.stop()
+        crashlog.disarm()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ thread only ever draws, and a failure anywhere becomes a message in the window.
 
 from __future__ import annotations
 
+import html
 import itertools
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backends.core.errors import BackendError
 from backends.core.types import Finished, Step
 from backends.drafters import REGISTRY
 from backends.factory import SessionConfig
@@ -78,10 +80,15 @@ class MainWindow(QMainWindow):
         self._compare: CompareRequest | None = None
         self._load: LoadRequest | None = None
         self._ask_after_load: list | None = None
+        self._startup_error: str | None = None
+        self._sticky = ""  # banner text only the user dismisses (a crash report, an unusable build)
+        self._error = ""  # the banner's ordinary error, cleared when things work again
         self.setWindowTitle(TITLE)
         follow_palette(self)
         self._start_worker()
         self._build(store)
+        if self._startup_error:
+            self.show_error("llama.cpp cannot run on this PC", self._startup_error, sticky=True)
         self._restore()
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.stop)
         run_job(self, detect_hardware, self._on_hardware, lambda msg: self.show_error("Hardware detection failed", msg))
@@ -95,7 +102,10 @@ class MainWindow(QMainWindow):
         # Load llama.cpp and install its log callback here, on the GUI thread, before the worker
         # exists: initialising it lazily on the worker thread while the GUI thread ran Python
         # crashed the process now and then (a ctypes callback set up mid-flight).
-        llama()
+        try:
+            llama()
+        except BackendError as exc:  # no CPU code of this llama.cpp runs here: say so, keep the window
+            self._startup_error = str(exc)
         self.thread = QThread(self)
         self.thread.setObjectName("specdeck-inference")
         self.worker = Worker(self.sampler)
@@ -132,7 +142,7 @@ class MainWindow(QMainWindow):
         self.banner.setStyleSheet("background: palette(alternate-base); color: palette(text); padding: 6px; "
                                   "border: 2px solid #c0392b; border-radius: 3px")
         self.banner_close = QPushButton("Dismiss")
-        self.banner_close.clicked.connect(self.clear_error)
+        self.banner_close.clicked.connect(self.dismiss_error)
         banner_row = QHBoxLayout()
         banner_row.addWidget(self.banner, 1)
         banner_row.addWidget(self.banner_close)
@@ -347,21 +357,36 @@ class MainWindow(QMainWindow):
     def _on_failure(self, failure: Failure) -> None:
         if self._answer is not None and failure.request_id == self._answer.request_id:
             self._answer = None
-            self.chat.on_failure(failure.message)
+            self.chat.on_failure(failure.message, refused=failure.refused)
         elif self._compare is not None and failure.request_id == self._compare.request_id:
             self._compare = None
             self.compare.on_failure(failure.message)
         self.show_error(failure.title, failure.message)
 
-    def show_error(self, title: str, message: str) -> None:
-        self.banner.setText(f"<b>{title}</b>: {message}")
-        self.banner.show()
-        self.banner_close.show()
+    def show_error(self, title: str, message: str, *, sticky: bool = False) -> None:
+        """The banner. A ``sticky`` message (a crash report, an unusable build) stays until the
+        user dismisses it; routine successes, such as a model becoming ready, clear only the
+        ordinary error shown below it."""
+        text = f"<b>{title}</b>: {html.escape(message, quote=False)}"
+        if sticky:
+            self._sticky = text
+        else:
+            self._error = text
+        self._show_banner()
+
+    def _show_banner(self) -> None:
+        text = "<br>".join(t for t in (self._sticky, self._error) if t)
+        self.banner.setText(text)
+        self.banner.setVisible(bool(text))
+        self.banner_close.setVisible(bool(text))
+
+    def dismiss_error(self) -> None:
+        self._sticky = self._error = ""
+        self._show_banner()
 
     def clear_error(self) -> None:
-        self.banner.clear()
-        self.banner.hide()
-        self.banner_close.hide()
+        self._error = ""
+        self._show_banner()
 
     def error_text(self) -> str:
         return self.banner.text() if self.banner.isVisible() else ""

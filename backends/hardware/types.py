@@ -84,6 +84,8 @@ class LlamaBuild:
     backends: tuple[str, ...]  # "CPU", "CUDA", "Vulkan", "Metal", ...
     gpu_offload: bool
     system_info: str
+    cpu_variant: str | None = None  # the CPU module that runs ("zen4"); None: a build without variants
+    cpu_variant_why: str = ""  # why that one: the probe's verdict in words
 
     @property
     def offload_targets(self) -> tuple[str, ...]:

@@ -141,7 +141,7 @@ def ensure(model_id: str, *, force: bool = False, progress: Callable[[str], None
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         if entry.derived:
-            _quantize(entry_path(entry.source), tmp, entry.ftype)  # type: ignore[arg-type]
+            quantize(entry_path(entry.source), tmp, entry.ftype)  # type: ignore[arg-type]
         else:
             entry.assemble(tmp)  # type: ignore[misc]
         os.replace(tmp, path)
@@ -176,7 +176,7 @@ def _read_stamp(path: Path) -> dict | None:
         return None
 
 
-def _quantize(src: Path, dst: Path, ftype: str) -> None:
+def quantize(src: Path, dst: Path, ftype: str) -> None:
     """Re-quantize ``src`` into ``dst`` with llama.cpp (same vocabulary, another weight type)."""
     from backends.models.llama_lib import llama
 

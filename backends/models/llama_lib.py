@@ -1,4 +1,10 @@
-"""Loading llama-cpp-python once, with llama.cpp's log routed into Python logging.
+"""Loading llama-cpp-python once, on CPU code that was seen to run here, with its log routed
+into Python logging.
+
+Before llama.cpp's backends initialize, ``llama_runtime.choose`` picks the CPU variant module
+that survived a probe in a child process (once per build and CPU; see that module for why), and
+only that module is loaded. A build whose CPU code kills the probe raises ``BackendError``
+here, so a caller (the window, the CLI) reports it instead of dying with SIGILL.
 
 llama.cpp prints hundreds of lines per model load to stderr, which would bury a terminal chat.
 Its log goes to the ``specdeck.llama`` logger instead: warnings and errors stay visible, the rest
@@ -9,8 +15,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from collections import deque
 from types import ModuleType
+
+from backends.models import llama_runtime
 
 log = logging.getLogger("specdeck.llama")
 
@@ -18,16 +27,45 @@ log = logging.getLogger("specdeck.llama")
 _LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _state: dict[str, object] = {}
 recent_errors: deque[str] = deque(maxlen=20)
+_UNSET = object()
+_init_lock = threading.Lock()  # the hardware panel and the worker may ask at the same time
+
+
+def pin_cpu_module(module: str | None) -> None:
+    """Run ``module`` (None: whatever the build has) without probing: for the probe child."""
+    if "module" in _state:
+        raise RuntimeError("llama.cpp is already initialized in this process")
+    _state["pinned"] = module
+
+
+def cpu_runtime() -> llama_runtime.CpuRuntime | None:
+    """The probe's verdict this process runs on (None in the probe child itself)."""
+    llama()
+    return _state.get("runtime")  # type: ignore[return-value]
 
 
 def llama() -> ModuleType:
-    """The ``llama_cpp`` module, initialized, with the log callback installed."""
+    """The ``llama_cpp`` module, initialized on a probed CPU module, with the log callback."""
+    module = _state.get("module")
+    if module is None:
+        with _init_lock:
+            return _initialize()
+    return module  # type: ignore[return-value]
+
+
+def _initialize() -> ModuleType:
     module = _state.get("module")
     if module is None:
         import llama_cpp
 
         callback = llama_cpp.llama_log_callback(_on_log)
         llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+        pinned = _state.get("pinned", _UNSET)
+        if pinned is _UNSET:
+            runtime = llama_runtime.choose()  # raises BackendError when nothing runs here
+            _state["runtime"] = runtime
+            pinned = runtime.module
+        llama_runtime.load_cpu_module(pinned)  # type: ignore[arg-type]
         llama_cpp.llama_backend_init()
         _state["callback"] = callback  # keep a reference: llama.cpp calls it from C
         _state["module"] = module = llama_cpp
