@@ -240,6 +240,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                                 min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, sampling=sampling)
     print(f"loading {args.model} ...", file=sys.stderr)
+    _note_cpu_fallback()
     with Session(_session_config(args)) as session:
         print("checking what verification costs on this machine (measured once per model) ...", file=sys.stderr)
         session.drafter(args.method, sampling, **_method_settings(args.set).get(args.method, {}))  # fail early
@@ -249,6 +250,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
         state = ChatState(method=args.method, system=args.system)
         chat_loop(session, state, settings)
     return 0
+
+
+def _note_cpu_fallback() -> None:
+    """Say once (when the probe just ran) that llama.cpp's best CPU code died here."""
+    from backends.models.llama_lib import cpu_runtime
+
+    runtime = cpu_runtime()  # the first time on a machine this probes the CPU variants (~5 s)
+    if runtime is not None and not runtime.cached and runtime.fallback_note:
+        print(f"note: {runtime.fallback_note}", file=sys.stderr)
 
 
 def cmd_datastore(args: argparse.Namespace) -> int:

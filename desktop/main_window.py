@@ -38,7 +38,7 @@ from backends.hardware.shape import load_shape
 from backends.hardware.telemetry import Sampler
 from backends.hardware.types import HardwareReport
 from backends.llamacpp.target import LlamaTarget
-from backends.models.llama_lib import llama
+from backends.models.llama_lib import cpu_runtime
 from backends.models.catalog import CATALOG, DEFAULT_MODEL, is_present, resolve_model
 from desktop.charts import LiveCharts, follow_palette
 from desktop.chat import ChatPanel
@@ -81,6 +81,7 @@ class MainWindow(QMainWindow):
         self._load: LoadRequest | None = None
         self._ask_after_load: list | None = None
         self._startup_error: str | None = None
+        self._startup_note: str | None = None  # a CPU variant died in the probe just now
         self._sticky = ""  # banner text only the user dismisses (a crash report, an unusable build)
         self._error = ""  # the banner's ordinary error, cleared when things work again
         self.setWindowTitle(TITLE)
@@ -89,6 +90,8 @@ class MainWindow(QMainWindow):
         self._build(store)
         if self._startup_error:
             self.show_error("llama.cpp cannot run on this PC", self._startup_error, sticky=True)
+        if self._startup_note:
+            self.statusBar().showMessage(f"Note: {self._startup_note}", 60000)
         self._restore()
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.stop)
         run_job(self, detect_hardware, self._on_hardware, lambda msg: self.show_error("Hardware detection failed", msg))
@@ -103,9 +106,11 @@ class MainWindow(QMainWindow):
         # exists: initialising it lazily on the worker thread while the GUI thread ran Python
         # crashed the process now and then (a ctypes callback set up mid-flight).
         try:
-            llama()
+            runtime = cpu_runtime()
         except BackendError as exc:  # no CPU code of this llama.cpp runs here: say so, keep the window
             self._startup_error = str(exc)
+        else:
+            self._startup_note = runtime.fallback_note if runtime is not None and not runtime.cached else None
         self.thread = QThread(self)
         self.thread.setObjectName("specdeck-inference")
         self.worker = Worker(self.sampler)

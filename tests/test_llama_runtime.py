@@ -8,6 +8,7 @@ probe child dies by SIGILL exactly as a CPU refusing AMX or AVX-512 makes it die
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -77,7 +78,9 @@ def test_a_variant_that_dies_by_sigill_is_reported_and_skipped(module_dir, tmp_p
     assert runtime.variant not in died and runtime.variant in llama_runtime.find_variants()
     assert runtime.scores["zzdies"] > max(s for v, s in runtime.scores.items() if v != "zzdies")
     assert "zzdies killed by SIGILL" in runtime.why
-    # The verdict is cached per build and CPU: asked again, nothing is probed.
+    assert "zzdies" in runtime.fallback_note and f"runs the {runtime.variant} variant instead" in runtime.fallback_note
+    # The verdict is cached per build and CPU: asked again (as a new process would), nothing is probed.
+    llama_runtime._probed_here.clear()
     again = llama_runtime.choose(dirs=[module_dir], cache_file=cache, forced="")
     assert again.cached and again.variant == runtime.variant
     assert json.loads(cache.read_text())
@@ -149,3 +152,23 @@ def test_a_run_that_was_killed_is_reported(tmp_path):
     sentence = crashlog.arm(log)
     crashlog.disarm()
     assert sentence and "did not close normally" in sentence
+
+
+def test_the_window_reports_a_dying_variant_and_answers_on_the_next_one(module_dir, tmp_path):
+    """The real app, in its own process, on a fresh machine whose best variant dies by SIGILL."""
+    from tests.test_kill import Run
+
+    env = dict(os.environ, SPECDECK_BACKEND_DIRS=str(module_dir), SPECDECK_CACHE_DIR=str(tmp_path / "cache"),
+               SPECDECK_DATA_DIR=str(tmp_path / "data"), XDG_CONFIG_HOME=str(tmp_path / "config"),
+               QT_QPA_PLATFORM="offscreen")
+    env.pop("SPECDECK_CPU_VARIANT", None)
+    run = Run(env, "probe")
+    try:
+        started = run.wait_for("started", 300)
+        assert "zzdies" in started["status"] and "instead" in started["status"], started
+        done = run.wait_for("done", 300)
+        assert done["role"] == "assistant" and done["content"].strip()
+    finally:
+        run.kill()
+    cached = json.loads((tmp_path / "cache" / "llama-cpu-probe.json").read_text())
+    assert [v["variant"] for v in cached.values()] == [cpu_runtime().variant]

@@ -26,7 +26,7 @@ def emit(**fields: object) -> None:
 def main(tag: str) -> int:
     app, window, sampler = start(["--model", "smollm2-135m-q4_1"])
     chat = window.chat
-    emit(started=True, banner=window.error_text(), conversation=chat.conversation,
+    emit(started=True, banner=window.error_text(), status=window.statusBar().currentMessage(), conversation=chat.conversation,
          messages=[[m.role, m.content] for m in chat.messages])
     sent = {"n": 0}
 

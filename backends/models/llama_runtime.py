@@ -19,7 +19,8 @@ A build without variant modules (a stock llama-cpp-python, compiled with -march=
 probed the same way; when it dies there is nothing to fall back to, and loading raises
 ``BackendError`` saying so instead of killing the process.
 
-``SPECDECK_CPU_VARIANT=haswell`` forces a variant (it is still probed first).
+``SPECDECK_CPU_VARIANT=haswell`` forces a variant (it is still probed first);
+``SPECDECK_BACKEND_DIRS`` names more folders of modules (os.pathsep-separated).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from backends.core.errors import BackendError
 from backends.models.paths import cache_dir
 
 PROBE_TIMEOUT_S = 180.0
+_probed_here: dict[str, CpuRuntime] = {}  # verdicts this process probed itself (not read back)
 _PREFIX = "ggml-cpu-" if sys.platform == "win32" else "libggml-cpu-"
 _SUFFIX = ".dll" if sys.platform == "win32" else ".so"
 
@@ -73,6 +75,16 @@ class CpuRuntime:
         return any(a.ok and a.variant == (self.variant or "built-in") for a in self.attempts)
 
     @property
+    def fallback_note(self) -> str | None:
+        """What a user should be told once: better CPU code died here, and what runs instead."""
+        dead = [a for a in self.attempts if a.died]
+        if not dead or self.variant is None:
+            return None
+        names = ", ".join(a.variant for a in dead)
+        return (f"llama.cpp's {names} CPU code died on this PC ({dead[0].reason}); "
+                f"SpecDeck runs the {self.variant} variant instead")
+
+    @property
     def why(self) -> str:
         """One sentence for `specdeck hw` and the hardware panel."""
         failed = [a for a in self.attempts if not a.ok]
@@ -99,10 +111,12 @@ def lib_dir() -> Path:
 
 
 def module_dirs() -> list[Path]:
-    """Where the CPU variant modules may lie: beside libggml, or where an unpatched install
+    """Where the CPU variant modules may lie: folders named in ``SPECDECK_BACKEND_DIRS``
+    (modules installed apart from the wheel), beside libggml, or where an unpatched install
     puts them (``<site-packages>/bin``, CMake's default binary directory)."""
     libs = lib_dir()
-    return [libs, libs.parent.parent / "bin"]
+    extra = [Path(p) for p in os.environ.get("SPECDECK_BACKEND_DIRS", "").split(os.pathsep) if p]
+    return [*extra, libs, libs.parent.parent / "bin"]
 
 
 def find_variants(dirs: list[Path] | None = None) -> dict[str, Path]:
@@ -159,6 +173,8 @@ def choose(*, dirs: list[Path] | None = None, cache_file: Path | None = None,
     if forced and forced not in variants:
         raise BackendError(f"SPECDECK_CPU_VARIANT={forced} is not one of this build's CPU variants: "
                            f"{', '.join(sorted(variants)) or 'it has none'}")
+    if use_cache and key in _probed_here:
+        return _probed_here[key]  # probed by this process (the window's start-up dialog)
     if use_cache:
         hit = _read_cache(cache_file, key)
         if hit is not None:
@@ -170,6 +186,7 @@ def choose(*, dirs: list[Path] | None = None, cache_file: Path | None = None,
         raise
     if runtime.verified:
         _write_cache(cache_file, key, runtime)
+    _probed_here[key] = runtime
     return runtime
 
 
