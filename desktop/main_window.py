@@ -62,6 +62,20 @@ from desktop.worker import (
 TITLE = "SpecDeck"
 
 
+def settings_list(settings: QSettings, key: str) -> list[str]:
+    """A list of strings as it was stored, on every settings backend.
+
+    The INI and Linux backends write a one-element list as a plain string and read it back as
+    ``str``; ``list("/home/me")`` would then be its characters (one folder became ``['/', 'h',
+    ...]`` and the library scanned the whole disk)."""
+    value = settings.value(key, [])
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    return [str(v) for v in value]
+
+
 class MainWindow(QMainWindow):
     load_request = Signal(object)
     answer_request = Signal(object)
@@ -159,7 +173,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
         self.clear_error()
 
-        self.library = ModelLibrary(list(self.settings.value("library/folders", []) or []))
+        self.library = ModelLibrary(settings_list(self.settings, "library/folders"))
         self.library.load_requested.connect(self.load_model)
         self.library.folders_changed.connect(lambda folders: self.settings.setValue("library/folders", folders))
         self.hardware_panel = HardwarePanel()
