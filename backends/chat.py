@@ -113,6 +113,7 @@ def chat_loop(session: Session, state: ChatState, settings: GenerationSettings,
             break
         line = line.strip()
         if not line:
+            out.write("(empty message: nothing sent)\n")
             continue
         if line.startswith("/"):
             if not _command(line, state, out):

@@ -4,6 +4,10 @@ The panel keeps the conversation and shows it; the main window turns "send" into
 the worker and feeds the worker's events back here. The transcript is redrawn on a short timer
 while an answer streams, not once per token.
 
+A message the worker refuses before running anything (one too long for the context) is taken
+back: the conversation returns to what it was before the send, the text goes back into the message
+box, and the error says why. An empty message is not sent; a notice says so.
+
 Any earlier user message can be edited: its "edit" link in the transcript puts its text in the
 message box, and sending replaces it, drops every turn after it (those answered the old text)
 and asks again. Until then nothing changes, so Cancel or Esc leaves the conversation as it was.
@@ -142,6 +146,7 @@ class ChatPanel(QWidget):
         self._box_before_edit = ""  # what the message box held when the edit began (Cancel gives it back)
         self._dirty = False
         self._error: str | None = None  # the error line now shown (a palette change redraws it)
+        self._undo: Undo | None = None  # the conversation before the answer now asked for
         self._rendered: dict[str, Rendered] = {}  # message text -> its styled markdown (see redraw)
         self._build()
         self.theme = TranscriptTheme.from_palette(self.palette())
@@ -282,25 +287,30 @@ class ChatPanel(QWidget):
     def send(self) -> None:
         """Send the box's text: a new message, or the edited one, replacing it and what followed."""
         text = self.input.toPlainText().strip()
-        if not text or self.streaming:
+        if self.streaming:
             return
+        if not text:
+            self.show_notice("Nothing to send: the message is empty.")
+            return
+        undo = Undo(tuple(self.messages), dict(self.spans), text, self.editing)
         self.input.clear()
         if self.editing is not None:
             self._drop_from(self.editing)
             self._end_edit()
         self.messages.append(StoredMessage("user", text))
-        self._ask()
+        self._ask(undo)
 
     def regenerate(self) -> None:
         """Answer the last user message again (the previous answer is replaced)."""
         if self.streaming:
             return
         self.cancel_edit()
+        undo = Undo(tuple(self.messages), dict(self.spans), None, None)
         while self.messages and self.messages[-1].role == "assistant":
             self.spans.pop(len(self.messages) - 1, None)
             self.messages.pop()
         if self.messages and self.messages[-1].role == "user":
-            self._ask()
+            self._ask(undo)
 
     def edit_last(self) -> None:
         """Edit the last user message (the same as its edit link: nothing is dropped until resend)."""
@@ -315,7 +325,8 @@ class ChatPanel(QWidget):
             self.spans.pop(i, None)
         del self.messages[index:]
 
-    def _ask(self) -> None:
+    def _ask(self, undo: Undo) -> None:
+        self._undo = undo
         conversation = [{"role": m.role, "content": m.content} for m in self.messages]
         self.messages.append(StoredMessage("assistant", ""))
         self.spans[len(self.messages) - 1] = []
@@ -326,6 +337,8 @@ class ChatPanel(QWidget):
 
     def set_streaming(self, on: bool) -> None:
         self.streaming = on
+        if not on:
+            self._undo = None  # the answer is over: nothing left to take back
         self.stop_button.setEnabled(on)
         for w in (self.send_button, self.regenerate_button, self.edit_button, self.new_button, self.delete_button):
             w.setEnabled(not on)
@@ -413,9 +426,15 @@ class ChatPanel(QWidget):
         elif isinstance(event, Prefilled):
             self._dirty = True
 
-    def on_failure(self, message: str) -> None:
-        """The answer failed: drop the empty answer, keep the question, show the error inline."""
-        if self.streaming and self.messages and self.messages[-1].role == "assistant":
+    def on_failure(self, message: str, *, refused: bool = False) -> None:
+        """The answer failed: drop the empty answer, keep the question, show the error inline.
+
+        ``refused``: the worker turned the request down before running anything (the message is
+        too long for the context), so the send is undone instead: see ``_take_back``.
+        """
+        if self.streaming and refused and self._undo is not None:
+            self._take_back(self._undo)
+        elif self.streaming and self.messages and self.messages[-1].role == "assistant":
             index = len(self.messages) - 1
             if not self.messages[index].content:
                 self.messages.pop()
@@ -423,6 +442,20 @@ class ChatPanel(QWidget):
             self.set_streaming(False)
             self.save()
         self.redraw(error=message)
+
+    def _take_back(self, undo: Undo) -> None:
+        """The conversation as it was before the send (an edit's later turns included), and the
+        sent text back in the message box (in edit mode again if it was an edit)."""
+        self.messages, self.spans = list(undo.messages), dict(undo.spans)
+        self.set_streaming(False)
+        self.save()
+        if undo.text is None:
+            return
+        typed = self.input.toPlainText()  # anything typed since the send stays, after the text
+        if undo.editing is not None:
+            self.begin_edit(undo.editing)
+        self.input.setPlainText(undo.text + (f"\n\n{typed}" if typed.strip() else ""))
+        self.input.moveCursor(QTextCursor.MoveOperation.End)
 
     # -- palette -----------------------------------------------------------------------------
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
@@ -491,6 +524,16 @@ class ChatPanel(QWidget):
 
     def transcript_text(self) -> str:
         return self.transcript.toPlainText()
+
+
+@dataclass(frozen=True)
+class Undo:
+    """The conversation before a send, and what was sent: what a refused message gives back."""
+
+    messages: tuple[StoredMessage, ...]
+    spans: dict[int, list[tuple[str, bool]]]
+    text: str | None  # the message box's text (None for Regenerate, whose question stays)
+    editing: int | None  # the index of the message being edited, if the send was a resend
 
 
 def _paragraph(cursor: QTextCursor, *, top_margin: float = 0.0) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal, Slot
 
 from backends.bench import TurnRun, decode_rate, divergence
-from backends.core.errors import Cancelled, SpecDeckError
+from backends.core.errors import Cancelled, PromptTooLongError, SpecDeckError
 from backends.core.types import Event, Finished, GenerationSettings, Step
 from backends.factory import Session, SessionConfig
 from backends.hardware.observed import ObservedStore
@@ -109,6 +109,7 @@ class Failure:
     request_id: int | None
     title: str
     message: str
+    refused: bool = False  # turned down before anything ran (a message too long): the chat gives the text back
 
 
 class Worker(QObject):
@@ -192,6 +193,8 @@ class Worker(QObject):
         self.busy.emit(True)
         try:
             job(self.session)
+        except PromptTooLongError as exc:
+            self.failed.emit(Failure(request_id, "The message does not fit the context", str(exc), refused=True))
         except (SpecDeckError, ValueError) as exc:
             self.failed.emit(Failure(request_id, title, str(exc)))
         except Exception as exc:  # noqa: BLE001 - the window must survive anything a request does
@@ -204,13 +207,17 @@ class Worker(QObject):
 
         A long chat must keep working: like other chat apps, the earliest messages (never the
         system prompt or the newest message) are dropped until the prompt leaves room for the
-        answer, and the user is told. A single message too long for the context still fails
-        with a clear error from the engine.
+        answer, and the user is told. A newest message that cannot fit even alone is refused
+        before any turn is dropped (PromptTooLongError), so nothing is left out for nothing.
         """
+        n_ctx = session.target.n_ctx
         room = min(max_new_tokens, 256)
-        dropped = 0
         prompt = session.model.chat_prompt(messages, chat_format=fmt)
-        while len(prompt) + room > session.target.n_ctx:
+        if len(prompt) + room <= n_ctx:
+            return prompt
+        _refuse_if_alone_too_long(session, messages, fmt)
+        dropped = 0
+        while len(prompt) + room > n_ctx:
             older = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
             if not older:
                 break
@@ -218,7 +225,7 @@ class Worker(QObject):
             dropped += 1
             prompt = session.model.chat_prompt(messages, chat_format=fmt)
         if dropped:
-            self.notice.emit(f"the {dropped} oldest message(s) no longer fit the {session.target.n_ctx}-token context "
+            self.notice.emit(f"the {dropped} oldest message(s) no longer fit the {n_ctx}-token context "
                              "and were left out of this answer")
         return prompt
 
@@ -270,6 +277,21 @@ class Worker(QObject):
         if self.session is not None:
             self.session.close()
             self.session = None
+
+
+def _refuse_if_alone_too_long(session: Session, messages: list[Message], fmt) -> None:
+    """Raise PromptTooLongError, in words, when the newest message (with any system prompt) leaves
+    no room for one new token however many earlier turns are left out."""
+    alone = [m for m in messages[:-1] if m["role"] == "system"] + messages[-1:]
+    n_tokens, n_ctx = len(session.model.chat_prompt(alone, chat_format=fmt)), session.target.n_ctx
+    if n_tokens < n_ctx:
+        return
+    what = "This message, with the system prompt," if len(alone) > 1 else "This message"
+    raise PromptTooLongError(
+        f"{what} is too long for the model's context: it takes {n_tokens:,} tokens and the context holds "
+        f"{n_ctx:,}. Shorten it or split it, or load the model with a larger context. "
+        "Nothing was sent and the conversation is unchanged."
+    )
 
 
 def _draft_text(session: Session, event: Event) -> str:
