@@ -126,7 +126,7 @@ def test_nvml_failing_mid_answer_leaves_a_message_and_a_working_app(qtbot, home,
         qtbot.waitUntil(lambda: charts.points("gpu_w") >= 3 and charts.points("vram_gib") >= 3, timeout=10_000)
 
         # NVML starts failing while an answer streams and the charts redraw.
-        window.sampling.max_tokens.setValue(160)
+        window.sampling.max_tokens.setValue(96)
         rec = Recorder(window)
         send(qtbot, window, "Count from 1 to 100, one number per line.")
         qtbot.waitUntil(lambda: rec.steps >= 3, timeout=ANSWER_TIMEOUT)
