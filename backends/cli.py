@@ -178,6 +178,7 @@ def _models_info(path: Path, *, as_json: bool) -> int:
     from backends.models.gguf_info import read_gguf_info
 
     info = read_gguf_info(path)
+    _check_llama_reads(path)
     if as_json:
         data = asdict(info)
         data["vocab"] = {k: v for k, v in data["vocab"].items() if k != "tokens"}
@@ -191,6 +192,22 @@ def _models_info(path: Path, *, as_json: bool) -> int:
           f"  vocabulary {v.kind} {v.n_vocab} tokens, BOS {v.bos}, EOS {v.eos}, add BOS {v.add_bos}\n"
           f"  chat template: {'yes' if info.chat_template else 'none (plain transcript)'}")
     return 0
+
+
+def _check_llama_reads(path: Path) -> None:
+    """llama.cpp's own verdict on a file whose header reads: an architecture it implements and a
+    vocabulary it loads (a vocab-only load, no weights). Its log is held back meanwhile unless
+    --verbose: a refusal comes back once, as the error's one line."""
+    from backends.llamacpp.model import LlamaModel
+
+    log = logging.getLogger("specdeck.llama")
+    level = log.level
+    if log.getEffectiveLevel() >= logging.ERROR:
+        log.setLevel(logging.CRITICAL)
+    try:
+        LlamaModel(path, vocab_only=True).close()
+    finally:
+        log.setLevel(level)
 
 
 def _models_hub(args: argparse.Namespace) -> int:
