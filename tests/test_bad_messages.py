@@ -102,6 +102,7 @@ def test_an_empty_message_in_the_terminal_chat_is_not_sent(tmp_path):
 
 # -- one message longer than the context ---------------------------------------------------------
 def test_a_message_longer_than_the_context_is_refused_and_nothing_is_lost(qtbot, window):
+    qtbot.waitUntil(lambda: not window.busy, timeout=LOAD_TIMEOUT)  # "ready" arrives just before "not busy"
     window.load_model(BUNDLED, 512)
     qtbot.waitUntil(lambda: window.model is not None and window.model.n_ctx == 512, timeout=LOAD_TIMEOUT)
     model, chat = window.model, window.chat
