@@ -1,12 +1,17 @@
-"""A stand-in for the pynvml module that answers from recorded driver data (tests/data/hw)."""
+"""Recorded machines for tests: a stand-in for the pynvml module that answers from recorded driver
+data, and a CPU-only machine built from the recorded /proc and /sys trees (tests/data/hw)."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
+
+from backends.hardware.cpu import detect_cpu
+from backends.hardware.types import HardwareReport, LlamaBuild, RamInfo
 
 HW = Path(__file__).parent / "data" / "hw"
 
@@ -85,3 +90,22 @@ def load_replay(name: str, edit=None) -> NvmlReplay:
     if edit:
         edit(recording)
     return NvmlReplay(pynvml, recording)
+
+
+GiB = 1024**3
+
+
+def recorded_cpu_machine() -> HardwareReport:
+    """The development VM as a CPU-only machine, the same on every PC that runs the tests.
+
+    The CPU is the recorded AMD EPYC Zen 4 (``proc_epyc_zen4``, ``sys_epyc_zen4``; 2 vCPUs); the
+    RAM (16 GiB, 12 GiB available) and the CPU-only llama.cpp build are chosen for the tests, not
+    recorded. Tests that mean "a machine without a GPU" use this instead of the machine they run on.
+    """
+    cpu = detect_cpu(proc_root=HW / "proc_epyc_zen4", sys_root=HW / "sys_epyc_zen4")
+    build = LlamaBuild(version="0.3.36", backends=("CPU",), gpu_offload=False,
+                       system_info="CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 | "
+                                   "AVX512_VNNI = 1 | AVX512_BF16 = 1 | OPENMP = 1 | REPACK = 1 |")
+    return HardwareReport(os="Linux", cpu=replace(cpu, arch="x86_64", cores=2, threads=2),
+                          ram=RamInfo(total_bytes=16 * GiB, available_bytes=12 * GiB), gpus=(), llama_cpp=build,
+                          notes=("no NVIDIA GPU (NVML: driver library not found)",))

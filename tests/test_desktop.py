@@ -12,11 +12,14 @@ import pytest  # noqa: E402
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 
 from backends.core.types import Finished, Step  # noqa: E402
-from backends.hardware.telemetry import Rapl, Sampler  # noqa: E402
+from backends.hardware.gpus import NvmlSession  # noqa: E402
+from backends.hardware.telemetry import GpuSource, Rapl, Sampler  # noqa: E402
 from backends.models.catalog import resolve_model  # noqa: E402
+from desktop.charts import NO_GPU  # noqa: E402
 from desktop.jobs import wait_for_jobs  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from desktop.store import ConversationStore  # noqa: E402
+from tests.hw_replay import load_replay  # noqa: E402
 
 BUNDLED = "smollm2-135m-q4_1"
 LOAD_TIMEOUT = 120_000
@@ -30,8 +33,10 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
-def open_window(qtbot, home: Path, *, autoload: str | None = BUNDLED) -> MainWindow:
-    sampler = Sampler(interval=0.1, rapl=Rapl("/nonexistent")).start()
+def open_window(qtbot, home: Path, *, autoload: str | None = BUNDLED, gpus: GpuSource | None = None) -> MainWindow:
+    """The window on a sampler of this machine's CPU and RAM and of ``gpus`` only (a recording, or
+    none): what the charts show of GPUs is then the same on every PC."""
+    sampler = Sampler(interval=0.1, gpus=gpus, rapl=Rapl("/nonexistent")).start()
     settings = QSettings(str(home / "settings.ini"), QSettings.Format.IniFormat)
     window = MainWindow(sampler=sampler, store=ConversationStore(home / "conversations.sqlite3"), settings=settings,
                         autoload=autoload)
@@ -101,7 +106,20 @@ def test_send_streams_tokens_fills_the_footer_and_the_charts(qtbot, window):
     assert "decode" in text and "tok/s" in text and "tau" in text and "TTFT" in text  # the stats footer
     qtbot.waitUntil(lambda: window.charts.points("tok_s") > 0 and window.charts.points("cpu_pct") > 0, timeout=5000)
     assert window.charts.points("tau") == rec.steps
-    assert window.charts.messages["gpu"] == "no NVIDIA GPU detected"
+    assert not window.sampler.has_gpu and window.charts.messages["gpu"] == NO_GPU  # the fixture's sampler reads no GPU
+    assert window.charts.points("gpu_w") == 0
+
+
+def test_charts_draw_a_recorded_gpu(qtbot, home):
+    """The recorded RTX 4090 as the sampler's GPU: its power, temperature and VRAM are charted."""
+    window = open_window(qtbot, home, autoload=None, gpus=NvmlSession(load_replay("nvml_rtx4090.json")))
+    try:
+        qtbot.waitUntil(lambda: min(window.charts.points(n) for n in ("gpu_w", "gpu_c", "vram_gib")) > 0, timeout=5000)
+        assert window.charts.messages["gpu"] is None and window.charts.gpu_status_shown() is None
+        assert window.charts.series["gpu_w"][-1][1] == pytest.approx(27.345)  # the recording: 27 345 mW, 36 C
+        assert window.charts.series["gpu_c"][-1][1] == 36.0
+    finally:
+        close_window(window)
 
 
 def test_stop_mid_answer_and_the_next_message_works(qtbot, window):

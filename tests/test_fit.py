@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from backends.core.errors import ModelFileError, SpecDeckError
+from backends.drafters import method_spec
 from backends.hardware.detect import detect_hardware
 from backends.hardware.fit import (
     DOES_NOT_FIT,
@@ -22,6 +23,7 @@ from backends.hardware.fit import (
     MemoryTerm,
     RuntimeSettings,
     kv_layer_bytes,
+    method_extra,
     output_buffer_bytes,
     plan,
     reserved_compute_bytes,
@@ -32,7 +34,7 @@ from backends.hardware.shape import load_shape
 from backends.hardware.types import LlamaBuild, RamInfo
 from backends.models.catalog import resolve_model
 from backends.models.gguf_info import read_gguf_info
-from tests.hw_replay import load_replay
+from tests.hw_replay import load_replay, recorded_cpu_machine
 
 MiB = 1024**2
 GiB = 1024**3
@@ -46,12 +48,13 @@ def shapes():
 
 @pytest.fixture(scope="module")
 def cpu_only():
-    return detect_hardware()
+    """A CPU-only machine (the recorded development VM), whatever GPU the machine running the tests has."""
+    return recorded_cpu_machine()
 
 
 @pytest.fixture
 def rtx4090(cpu_only):
-    """This machine's CPU and RAM with the recorded RTX 4090 and a CUDA build of llama.cpp."""
+    """The recorded CPU machine with the recorded RTX 4090 and a CUDA build of llama.cpp."""
     gpus, _ = nvidia_gpus(load_replay("nvml_rtx4090.json"))
     build = LlamaBuild(version="0.3.36", backends=("CUDA", "CPU"), gpu_offload=True, system_info="CUDA : ARCHS = 890 |")
     return replace(cpu_only, gpus=gpus, llama_cpp=build)
@@ -251,14 +254,21 @@ def run_cli(*args):
 
 
 def test_specdeck_fit_json_and_text():
+    """On the machine the tests run on: its own plan, on the CPU unless it has a GPU llama.cpp can use."""
     out = run_cli("fit", "smollm2-135m-q4_1", "--ctx", "2048", "--method", "pld", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["label"] == ON_CPU and data["gpu_layers"] == 0
+    here = detect_hardware()
+    expected = plan(load_shape(resolve_model("smollm2-135m-q4_1")), here, RuntimeSettings(n_ctx=2048),
+                    method_extra(method_spec("pld"), 2048))
+    assert (data["label"], data["gpu_layers"]) == (expected.label, expected.gpu_layers)
+    usable_gpu = here.llama_cpp is not None and here.llama_cpp.gpu_offload and any(g.vram_total_bytes for g in here.gpus)
+    if not usable_gpu:
+        assert data["label"] == ON_CPU and data["gpu_layers"] == 0
     assert data["total_bytes"] == sum(t["bytes"] for t in data["terms"])
     assert any(t["name"] == "pld pool" for t in data["terms"])
     text = run_cli("fit", "smollm2-135m-q4_1", "--ctx", "2048")
-    assert text.returncode == 0 and ON_CPU in text.stdout and "KV cache" in text.stdout
+    assert text.returncode == 0 and expected.label in text.stdout and "KV cache" in text.stdout
 
 
 def test_specdeck_fit_bad_input(tmp_path):

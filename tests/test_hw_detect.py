@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import subprocess
 import sys
@@ -12,9 +13,64 @@ import pytest
 from backends.hardware.build import detect_llama_build, parse_backends
 from backends.hardware.cpu import _parse_size, detect_cpu, detect_ram
 from backends.hardware.detect import detect_hardware, format_report
+from backends.hardware.gpus import sysfs_gpus, windows_gpus
 from backends.hardware.types import GpuInfo
 
 HW = Path(__file__).parent / "data" / "hw"
+
+
+def nvml_device_names() -> list[str] | None:
+    """The NVIDIA GPUs as NVML itself lists them, asked without SpecDeck's probe; None without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(pynvml.nvmlDeviceGetCount())]
+        return [(n.decode() if isinstance(n, bytes) else n).strip("\x00 ") for n in names]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def gpus_this_machine_has() -> list[str]:
+    """Names of the GPUs present, NVIDIA first: NVML's list, then the other vendors' cards."""
+    nvidia = nvml_device_names() or []
+    if sys.platform.startswith("linux"):
+        others = sysfs_gpus()
+    elif sys.platform == "win32":
+        others = windows_gpus(skip_vendors=("nvidia",) if nvidia else ())
+    else:
+        others = ()
+    return nvidia + [g.name for g in others]
+
+
+GGML_GPU_TYPES = {1: "GPU", 2: "IGPU"}  # enum ggml_backend_dev_type: CPU 0, GPU 1, IGPU 2, ACCEL 3, META 4
+
+
+def ggml_devices() -> list[tuple[str, int]]:
+    """(backend, device type) of every device ggml registered in this process: the backends llama.cpp
+    really loaded (with GGML_BACKEND_DL, the modules beside libggml), asked from ggml itself."""
+    from backends.models.llama_lib import llama
+    from backends.models.llama_runtime import ggml_library
+
+    llama()  # backends register when llama.cpp initializes
+    ggml = ggml_library()
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    ggml.ggml_backend_dev_type.restype = ctypes.c_int
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
+    ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    devices = (ggml.ggml_backend_dev_get(i) for i in range(ggml.ggml_backend_dev_count()))
+    return [(ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(d)).decode(), ggml.ggml_backend_dev_type(d))
+            for d in devices]
 
 
 def test_cpu_from_recorded_epyc_fixture():
@@ -58,18 +114,30 @@ def test_llama_backends_from_recorded_system_info_fixture(info, expected):
 
 
 def test_llama_build_on_this_machine():
+    """GPU offload is reported exactly when a GPU backend (CUDA, Vulkan, Metal ... module) is loaded
+    and found a device; the CPU variant modules never count as one."""
     build = detect_llama_build()
     assert build is not None
     assert "CPU" in build.backends
-    assert build.gpu_offload is False and build.offload_targets == ()  # the CPU-only wheel built here
+    devices = ggml_devices()
+    assert ("CPU", 0) in devices  # the CPU backend (the probed variant, with GGML_BACKEND_DL) is registered
+    gpu_backends = {backend for backend, kind in devices if kind in GGML_GPU_TYPES}
+    assert build.gpu_offload == (bool(gpu_backends) or "RPC" in build.backends)
+    assert gpu_backends <= set(build.offload_targets)  # the report names the backend each GPU came from
+    assert not any(t.startswith("CPU") for t in build.offload_targets)
 
 
-def test_hardware_report_on_this_machine_has_no_gpu():
+def test_hardware_report_lists_the_gpus_this_machine_has():
     report = detect_hardware()
-    assert report.gpus == ()
-    assert any("no NVIDIA GPU" in note for note in report.notes)
+    expected = gpus_this_machine_has()
+    assert [g.name for g in report.gpus] == expected
+    assert [g.index for g in report.gpus] == list(range(len(expected)))
+    if not nvml_device_names():
+        assert any("no NVIDIA GPU" in note for note in report.notes)
     text = format_report(report)
-    assert "GPU     none detected" in text and report.cpu.name in text
+    assert report.cpu.name in text
+    assert ("GPU     none detected" in text) == (not expected)
+    assert all(name in text for name in expected)
 
 
 def test_report_text_shows_a_gpu():
@@ -92,7 +160,10 @@ def test_specdeck_hw_json():
     assert {"cpu", "ram", "gpus", "llama_cpp"} <= set(data)
     assert {"name", "cores", "threads", "flags"} <= set(data["cpu"])
     assert data["ram"]["total_bytes"] >= data["ram"]["available_bytes"] > 0
-    assert data["gpus"] == []
-    assert data["llama_cpp"]["backends"] and data["llama_cpp"]["gpu_offload"] is False
+    assert [g["name"] for g in data["gpus"]] == gpus_this_machine_has()
+    build = detect_llama_build()
+    assert data["llama_cpp"]["backends"] == list(build.backends)
+    assert (data["llama_cpp"]["gpu_offload"], data["llama_cpp"]["offload_targets"]) == (build.gpu_offload,
+                                                                                       list(build.offload_targets))
     text = subprocess.run([sys.executable, "-m", "backends.cli", "hw"], capture_output=True, text=True, timeout=120)
     assert text.returncode == 0 and "CPU" in text.stdout and "llama.cpp" in text.stdout

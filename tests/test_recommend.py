@@ -13,7 +13,6 @@ import pytest
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.drafters import REGISTRY
-from backends.hardware.detect import detect_hardware
 from backends.hardware.fit import plan
 from backends.hardware.gpus import nvidia_gpus
 from backends.hardware.observed import ObservedStore
@@ -21,7 +20,7 @@ from backends.hardware.recommend import recommend, roofline_tok_s
 from backends.hardware.shape import load_shape
 from backends.hardware.types import LlamaBuild, RamInfo
 from backends.models.catalog import resolve_model
-from tests.hw_replay import load_replay
+from tests.hw_replay import load_replay, recorded_cpu_machine
 
 CPU_BW = 30e9
 
@@ -33,7 +32,8 @@ def paths():
 
 @pytest.fixture(scope="module")
 def hw():
-    return detect_hardware()
+    """A CPU-only machine (the recorded development VM), whatever GPU the machine running the tests has."""
+    return recorded_cpu_machine()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from backends.hardware.gpus import NvmlSession
+from backends.hardware.gpus import NvmlSession, sysfs_gpus
 from backends.hardware.telemetry import Rapl, Sample, Sampler, SysfsSource, energy_joules, joules_per_token
 from backends.hardware.types import GpuSample
 from tests.hw_replay import load_replay
@@ -18,6 +18,23 @@ def sample(t, *, cpu_w=None, gpus=()):
 
 def gpu(index=0, *, w=None, mj=None):
     return GpuSample(index=index, vram_used_bytes=0, power_w=w, temperature_c=None, utilization_pct=None, energy_mj=mj)
+
+
+def gpu_indices_this_machine_reads() -> list[int]:
+    """The devices live readings should cover: NVML's devices when NVML opens (asked directly),
+    else the AMD/Intel cards sysfs lists, else none."""
+    try:
+        import pynvml
+    except ImportError:
+        return list(range(len(sysfs_gpus())))
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return list(range(len(sysfs_gpus())))
+    try:
+        return list(range(pynvml.nvmlDeviceGetCount()))
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def test_sampler_on_this_machine_starts_publishes_and_stops():
@@ -35,7 +52,9 @@ def test_sampler_on_this_machine_starts_publishes_and_stops():
         assert got_two.wait(5)
         latest = sampler.latest()
         assert latest is not None and latest.ram_used_bytes > 0 and 0 <= latest.cpu_pct <= 100 * 64
-        assert latest.gpus == () and latest.power_w is None  # no GPU, no readable RAPL here
+        # One reading per GPU this machine has (none on most PCs); CPU power exactly when RAPL is readable.
+        assert [g.index for g in latest.gpus] == gpu_indices_this_machine_reads()
+        assert (latest.cpu_power_w is not None) == Rapl().available
     assert not any(t.name == "specdeck-telemetry" for t in threading.enumerate())
     assert sampler.history()[0].t < sampler.history()[-1].t
     with pytest.raises(AttributeError):
