@@ -93,6 +93,7 @@ def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int) ->
 
 class ModelLibrary(QWidget):
     load_requested = Signal(str, int)  # model spec, n_ctx
+    load_refused = Signal(str, str)  # row label, why: its file is known to be unreadable
     folders_changed = Signal(list)
 
     def __init__(self, folders: list[str], parent: QWidget | None = None, *, hub_endpoint: str | None = None) -> None:
@@ -102,6 +103,7 @@ class ModelLibrary(QWidget):
         self.hub: HubDialog | None = None
         self.hardware: HardwareReport | None = None
         self.entries: list[LibraryEntry] = []
+        self.unreadable: dict[str, str] = {}  # spec -> why its header could not be read
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setObjectName("model_library")
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -168,6 +170,7 @@ class ModelLibrary(QWidget):
         return next((r for r, e in enumerate(self.entries) if e.spec == spec), None)
 
     def _show_details(self, d: EntryDetails) -> None:
+        self.unreadable.pop(d.spec, None)
         row = self._row_of(d.spec)
         if row is None:
             return
@@ -175,6 +178,7 @@ class ModelLibrary(QWidget):
             self.table.setItem(row, col, QTableWidgetItem(value))
 
     def _show_error(self, spec: str, message: str) -> None:
+        self.unreadable[spec] = message
         row = self._row_of(spec)
         if row is not None:
             item = QTableWidgetItem("unreadable")
@@ -182,8 +186,13 @@ class ModelLibrary(QWidget):
             self.table.setItem(row, len(COLUMNS) - 1, item)
 
     def _load_row(self, row: int) -> None:
-        if 0 <= row < len(self.entries):
-            self.load_requested.emit(self.entries[row].spec, self.ctx.value())
+        if not 0 <= row < len(self.entries):
+            return
+        entry = self.entries[row]
+        if entry.spec in self.unreadable:
+            self.load_refused.emit(entry.label, self.unreadable[entry.spec])
+            return
+        self.load_requested.emit(entry.spec, self.ctx.value())
 
     def _add_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")

@@ -175,6 +175,7 @@ class MainWindow(QMainWindow):
 
         self.library = ModelLibrary(settings_list(self.settings, "library/folders"))
         self.library.load_requested.connect(self.load_model)
+        self.library.load_refused.connect(lambda name, why: self.show_error(f"{name} cannot be loaded", why))
         self.library.folders_changed.connect(lambda folders: self.settings.setValue("library/folders", folders))
         self.hardware_panel = HardwarePanel()
         self.methods = MethodPanel()
@@ -260,13 +261,13 @@ class MainWindow(QMainWindow):
         self.load_model(self.model.model, self.model.n_ctx, draft=draft_path)
 
     def _on_loading(self, spec: str) -> None:
-        self.model = None
-        self.status_label.setText(f"Loading {spec} ...")
+        """A load started; the model loaded before stays in use (and shown) until it is ready."""
+        kept = f" · {self.model.name} stays loaded until then" if self.model is not None else ""
+        self.status_label.setText(f"Loading {spec} ...{kept}")
         self.progress.setValue(0)
         self.progress.show()
         self.cancel_load.show()
         self.progress_timer.start()
-        self._set_title(None)
 
     def _on_progress(self) -> None:
         fraction = self.worker.load_fraction
@@ -275,22 +276,27 @@ class MainWindow(QMainWindow):
 
     def _on_ready(self, ready: ModelReady) -> None:
         self.model = ready
-        self._load = None
-        self.progress_timer.stop()
-        self.progress.hide()
-        self.cancel_load.hide()
-        draft = f" + draft {Path(ready.draft_model).name}" if ready.draft_model else ""
-        self.status_label.setText(f"{ready.name}{draft} · context {ready.n_ctx} · loaded in {ready.seconds:.1f} s · ready")
+        self._end_load()
+        self.status_label.setText(self._ready_text(ready))
         self._set_title(ready.name)
         self.clear_error()
         self._refresh_advice()
 
-    def _on_unloaded(self) -> None:
+    def _ready_text(self, ready: ModelReady) -> str:
+        draft = f" + draft {Path(ready.draft_model).name}" if ready.draft_model else ""
+        return f"{ready.name}{draft} · context {ready.n_ctx} · loaded in {ready.seconds:.1f} s · ready"
+
+    def _end_load(self) -> None:
         self._load = None
         self.progress_timer.stop()
         self.progress.hide()
         self.cancel_load.hide()
+
+    def _on_unloaded(self) -> None:
+        self.model = None
+        self._end_load()
         self.status_label.setText("No model loaded")
+        self._set_title(None)
 
     def _set_title(self, name: str | None) -> None:
         self.setWindowTitle(f"{TITLE} — {name}" if name else TITLE)
@@ -380,6 +386,9 @@ class MainWindow(QMainWindow):
         elif self._compare is not None and failure.request_id == self._compare.request_id:
             self._compare = None
             self.compare.on_failure(failure.message)
+        elif failure.request_id is None and failure.kept_model and self.model is not None:
+            self._end_load()  # a load failed; the model loaded before is still the one in use
+            self.status_label.setText(f"{self._ready_text(self.model)} · kept: the new model did not load")
         self.show_error(failure.title, failure.message)
 
     def show_error(self, title: str, message: str, *, sticky: bool = False) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import psutil
 from PySide6.QtCore import QObject, Signal, Slot
 
 from backends.bench import TurnRun, decode_rate, divergence
@@ -24,7 +25,9 @@ from backends.core.types import Event, Finished, GenerationSettings, Step
 from backends.factory import Session, SessionConfig
 from backends.hardware.observed import ObservedStore
 from backends.hardware.telemetry import Sampler, energy_joules
+from backends.models.catalog import resolve_model
 from backends.models.chat import Message
+from backends.models.gguf_info import read_gguf_info
 
 
 # -- requests (GUI -> worker) --------------------------------------------------------------------
@@ -110,6 +113,7 @@ class Failure:
     title: str
     message: str
     refused: bool = False  # turned down before anything ran (a message too long): the chat gives the text back
+    kept_model: bool = False  # a failed load left the model loaded before it in use
 
 
 class Worker(QObject):
@@ -137,37 +141,61 @@ class Worker(QObject):
     # -- loading -------------------------------------------------------------------------------
     @Slot(object)
     def load(self, request: LoadRequest) -> None:
+        """Load a model; the one loaded before stays in use until the new one has loaded.
+
+        A file that cannot be read (truncated, not a GGUF, an unknown architecture) is refused
+        from its header before anything is unloaded. The old session is closed before the new
+        one opens only when both would not fit in RAM; if the new one then fails, the old one is
+        opened again, so a failed load never leaves the user without the model they had."""
         self.busy.emit(True)
-        self._close_session()
         self.loading.emit(str(request.config.model))
         start = time.perf_counter()
-
         self.load_fraction = 0.0
 
         def on_progress(fraction: float) -> bool:
             self.load_fraction = fraction
             return not request.cancel.is_set()
 
+        previous = self.session.config if self.session is not None else None
         try:
+            preflight(request.config)
+            if self.session is not None and not _room_for_both(self.session, request.config):
+                self._close_session()
             session = Session(request.config, progress=on_progress)
         except Cancelled as exc:
-            self.failed.emit(Failure(None, "Loading cancelled", str(exc)))
-            self.unloaded.emit()
+            self._load_failed(Failure(None, "Loading cancelled", str(exc)), previous)
         except (SpecDeckError, OSError, ValueError) as exc:
-            self.failed.emit(Failure(None, "The model could not be loaded", str(exc)))
-            self.unloaded.emit()
+            self._load_failed(Failure(None, "The model could not be loaded", str(exc)), previous)
         except Exception as exc:  # noqa: BLE001 - the window must survive anything a load does
-            self.failed.emit(Failure(None, "The model could not be loaded", _unexpected(exc)))
-            self.unloaded.emit()
+            self._load_failed(Failure(None, "The model could not be loaded", _unexpected(exc)), previous)
         else:
+            self._close_session()
             self.session = session
-            self.ready.emit(ModelReady(
-                model=str(request.config.model), name=session.model.name, path=str(session.model.path),
-                n_ctx=session.target.n_ctx, draft_model=request.config.draft_model, offers=session.offers,
-                has_template=session.model.chat_format.template is not None, seconds=time.perf_counter() - start,
-            ))
+            self.ready.emit(self._ready(session, request.config, time.perf_counter() - start))
         finally:
             self.busy.emit(False)
+
+    def _ready(self, session: Session, config: SessionConfig, seconds: float) -> ModelReady:
+        return ModelReady(
+            model=str(config.model), name=session.model.name, path=str(session.model.path),
+            n_ctx=session.target.n_ctx, draft_model=config.draft_model, offers=session.offers,
+            has_template=session.model.chat_format.template is not None, seconds=seconds,
+        )
+
+    def _load_failed(self, failure: Failure, previous: SessionConfig | None) -> None:
+        """Report the failure; keep (or reopen) the model that was loaded before."""
+        if self.session is None and previous is not None:
+            try:
+                start = time.perf_counter()
+                self.session = Session(previous)
+            except Exception as exc:  # noqa: BLE001 - reported with the first failure
+                failure = replace(failure, message=f"{failure.message} (and the previous model could not be reopened: {exc})")
+            else:
+                self.ready.emit(self._ready(self.session, previous, time.perf_counter() - start))
+        kept = self.session is not None
+        self.failed.emit(replace(failure, kept_model=kept))
+        if not kept:
+            self.unloaded.emit()
 
     # -- answering -----------------------------------------------------------------------------
     @Slot(object)
@@ -277,6 +305,26 @@ class Worker(QObject):
         if self.session is not None:
             self.session.close()
             self.session = None
+
+
+def preflight(config: SessionConfig) -> None:
+    """Refuse, in words, a model (or draft) file whose GGUF header says it cannot load:
+    cheaper than letting llama.cpp fail, and it runs before the working model is unloaded."""
+    for spec in filter(None, (config.model, config.draft_model)):
+        path = resolve_model(spec)
+        if path.is_file():
+            read_gguf_info(path)  # raises ModelFileError: truncated, not a GGUF, corrupt header
+
+
+def _room_for_both(session: Session, config: SessionConfig) -> bool:
+    """Whether the new model's files fit in available RAM beside the loaded one (with 20%
+    to spare for contexts and buffers). Only sizes are read: no model is opened."""
+    try:
+        paths = [resolve_model(s) for s in filter(None, (config.model, config.draft_model))]
+        need = sum(p.stat().st_size if p.is_file() else 0 for p in paths) * 1.2
+    except (SpecDeckError, OSError):
+        return False
+    return need < psutil.virtual_memory().available
 
 
 def _refuse_if_alone_too_long(session: Session, messages: list[Message], fmt) -> None:

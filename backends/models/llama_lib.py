@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import re
 import threading
 from collections import deque
 from types import ModuleType
@@ -70,6 +71,24 @@ def _initialize() -> ModuleType:
         _state["callback"] = callback  # keep a reference: llama.cpp calls it from C
         _state["module"] = module = llama_cpp
     return module  # type: ignore[return-value]
+
+
+_FUNC_PREFIX = re.compile(r"^(?:[a-z_0-9]+: )+")
+_GENERIC = ("failed to load model", "error loading model")
+
+
+def failure_reason(default: str = "llama.cpp gave no reason") -> str:
+    """llama.cpp's last error lines in words: without its function-name prefixes
+    ("llama_model_load: error loading model: ...") and without the generic closing line."""
+    reasons: list[str] = []
+    for line in recent_errors:
+        text = _FUNC_PREFIX.sub("", line).strip()
+        for generic in _GENERIC:
+            if text.startswith(generic + ": "):
+                text = text[len(generic) + 2:]
+        if text and text not in _GENERIC and text not in reasons:
+            reasons.append(text)
+    return "; ".join(reasons) or default
 
 
 def _on_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
