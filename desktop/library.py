@@ -152,19 +152,33 @@ class ModelLibrary(QWidget):
         for r, entry in enumerate(entries):
             item = QTableWidgetItem(entry.label)
             item.setData(Qt.ItemDataRole.UserRole, entry.spec)
-            item.setToolTip(str(entry.path or "derived from the bundled model when first used"))
+            item.setToolTip(str(entry.path) if entry.path else f"{CATALOG[entry.spec].description}: made on first use")
             self.table.setItem(r, 0, item)
         self.refresh_details()
+
+    def refresh_made(self) -> None:
+        """Rows of catalog models that were made since the list was built (loading a derived
+        variant writes its file) get their path and details; nothing else is rescanned."""
+        present = {r["id"]: r for r in list_models()}
+        for r, entry in enumerate(self.entries):
+            row = present.get(entry.spec)
+            if entry.path is None and row is not None and row["present"]:
+                self.entries[r] = made = LibraryEntry(entry.spec, entry.label, Path(row["path"]))
+                self.table.item(r, 0).setToolTip(str(made.path))
+                self._fetch_details(made)
+
+    def _fetch_details(self, entry: LibraryEntry) -> None:
+        hw, n_ctx = self.hardware, self.ctx.value()
+        run_job(self, lambda: entry_details(entry, hw, n_ctx), self._show_details,
+                lambda msg: self._show_error(entry.spec, msg))
 
     def set_hardware(self, report: HardwareReport) -> None:
         self.hardware = report
         self.refresh_details()
 
     def refresh_details(self) -> None:
-        hw, n_ctx = self.hardware, self.ctx.value()
         for entry in self.entries:
-            run_job(self, lambda e=entry: entry_details(e, hw, n_ctx), self._show_details,
-                    lambda msg, e=entry: self._show_error(e.spec, msg))
+            self._fetch_details(entry)
 
     def _row_of(self, spec: str) -> int | None:
         return next((r for r, e in enumerate(self.entries) if e.spec == spec), None)

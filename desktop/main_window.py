@@ -13,7 +13,7 @@ import itertools
 from pathlib import Path
 
 from PySide6.QtCore import QMetaObject, QSettings, Qt, QThread, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDockWidget,
     QHBoxLayout,
@@ -277,6 +277,7 @@ class MainWindow(QMainWindow):
     def _on_ready(self, ready: ModelReady) -> None:
         self.model = ready
         self._end_load()
+        self.library.refresh_made()  # a row made on first use (a derived variant) now has a file
         self.status_label.setText(self._ready_text(ready))
         self._set_title(ready.name)
         self.clear_error()
@@ -299,7 +300,12 @@ class MainWindow(QMainWindow):
         self._set_title(None)
 
     def _set_title(self, name: str | None) -> None:
-        self.setWindowTitle(f"{TITLE} — {name}" if name else TITLE)
+        """The loaded model in the title. Where the application's display name is SpecDeck, Qt
+        appends it itself ("smollm2-135m-f16 — SpecDeck"), so it is not written twice."""
+        if QGuiApplication.applicationDisplayName() == TITLE:
+            self.setWindowTitle(name or "")
+        else:
+            self.setWindowTitle(f"{TITLE} — {name}" if name else TITLE)
 
     # -- advice: fit labels, recommendation, usable methods ----------------------------------
     def _on_hardware(self, report: HardwareReport) -> None:

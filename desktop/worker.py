@@ -25,7 +25,7 @@ from backends.core.types import Event, Finished, GenerationSettings, Step
 from backends.factory import Session, SessionConfig
 from backends.hardware.observed import ObservedStore
 from backends.hardware.telemetry import Sampler, energy_joules
-from backends.models.catalog import resolve_model
+from backends.models.catalog import CATALOG, resolve_model
 from backends.models.chat import Message
 from backends.models.gguf_info import read_gguf_info
 
@@ -177,7 +177,7 @@ class Worker(QObject):
 
     def _ready(self, session: Session, config: SessionConfig, seconds: float) -> ModelReady:
         return ModelReady(
-            model=str(config.model), name=session.model.name, path=str(session.model.path),
+            model=str(config.model), name=display_name(str(config.model)), path=str(session.model.path),
             n_ctx=session.target.n_ctx, draft_model=config.draft_model, offers=session.offers,
             has_template=session.model.chat_format.template is not None, seconds=seconds,
         )
@@ -305,6 +305,13 @@ class Worker(QObject):
         if self.session is not None:
             self.session.close()
             self.session = None
+
+
+def display_name(spec: str) -> str:
+    """What the status bar and title call a model: its catalog id or its file name. The GGUF's
+    own ``general.name`` is often a training run's ("Smollm2 135M 8k Lc100K Mix1 Ep2") and the
+    same for every quantization of it, so it cannot tell a Q4_1 from an F16."""
+    return spec if spec in CATALOG else Path(spec).name
 
 
 def preflight(config: SessionConfig) -> None:
