@@ -42,7 +42,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QListWidget,
     QListWidgetItem,
-    QPlainTextEdit,
     QPushButton,
     QSplitter,
     QTextBrowser,
@@ -52,6 +51,7 @@ from PySide6.QtWidgets import (
 
 from backends.chat import format_stats
 from backends.core.types import Finished, Prefilled, RunStats, Step
+from desktop.forms import PromptBox
 from desktop.store import ConversationStore, StoredMessage
 
 EDIT_SCHEME = "edit"  # transcript links "edit:<message index>" start editing that message
@@ -96,15 +96,15 @@ def _mix(colour: QColor, background: QColor, amount: float) -> QColor:
     return QColor(*mixed)
 
 
-class MessageBox(QPlainTextEdit):
-    """Ctrl+Enter sends; plain Enter is a new line, as in most chat apps' multi-line boxes.
+class MessageBox(PromptBox):
+    """Ctrl+Enter sends; plain Enter is a new line, as in most chat apps' multi-line boxes; Tab
+    leaves the box (``PromptBox``).
 
     While a message is being edited, Esc cancels the edit instead of reaching the window's
     "stop" shortcut: the box claims the key in ``ShortcutOverride``, Qt's way for a focused
     widget to take a key that a shortcut would otherwise get.
     """
 
-    submitted = Signal()
     cancelled = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -122,9 +122,6 @@ class MessageBox(QPlainTextEdit):
         return super().event(event)
 
     def keyPressEvent(self, event) -> None:  # noqa: N802 - Qt's name
-        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and event.modifiers() & Qt.KeyboardModifier.ControlModifier:
-            self.submitted.emit()
-            return
         if event.key() == Qt.Key.Key_Escape and self.escape_cancels:
             self.cancelled.emit()
             return
@@ -219,6 +216,7 @@ class ChatPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(split)
         QShortcut(QKeySequence("Ctrl+Return"), self.input, activated=self.send)
+        self.setFocusProxy(self.input)  # the tab's own box gets the keys when the tab is shown
 
     def _build_edit_bar(self) -> QWidget:
         """The line above the message box: what an edit will do and its Cancel button, or a notice."""

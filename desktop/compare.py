@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QListWidget,
     QListWidgetItem,
-    QPlainTextEdit,
     QPushButton,
     QSplitter,
     QTableWidget,
@@ -42,6 +41,7 @@ from backends.bench import default_prompts, load_prompts
 from backends.core.types import Finished, Step
 from backends.drafters import REGISTRY
 from backends.models.paths import data_dir
+from desktop.forms import PromptBox
 from desktop.worker import CompareDone, CompareEvent, CompareRow
 
 COLUMNS = ("method", "decode tok/s", "speedup", "tau", "acceptance", "J/token", "identical to ar")
@@ -63,9 +63,11 @@ class ComparePanel(QWidget):
         self.reload_history()
 
     def _build(self) -> None:
-        self.prompt = QPlainTextEdit()
+        self.prompt = PromptBox()
         self.prompt.setObjectName("compare_prompt")
-        self.prompt.setPlaceholderText("A prompt to run through every selected method")
+        self.prompt.setPlaceholderText("A prompt to run through every selected method (Ctrl+Enter to run)")
+        self.prompt.submitted.connect(self.run)
+        self.setFocusProxy(self.prompt)  # the tab's own box gets the keys when the tab is shown
         self.prompt.setMaximumHeight(90)
         self.category = QComboBox()
         self.category.addItems(["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"])

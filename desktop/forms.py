@@ -1,9 +1,15 @@
-"""A settings form generated from a method's settings dataclass, so a new method needs no GUI code.
+"""Input widgets shared by the panels: a settings form generated from a method's settings dataclass
+(so a new method needs no GUI code), and the multi-line text box every panel uses.
 
 Each field becomes an editor by its type (int: spin box, float: decimal spin box, bool: check box,
 anything else: a line edit, with a "..." file chooser when the field's metadata names a file
 filter, e.g. ``field(default="", metadata={"file": "Datastores (*.sdstore)"})``); the dataclass's own ``__post_init__`` validation decides what is
 accepted, and its message is shown under the form instead of a crash.
+
+``PromptBox`` is a multi-line box that keyboard users can leave: Tab and Shift+Tab move the focus
+as in every other field (a box that took Tab as a character could only be left with the mouse),
+Ctrl+Tab does the same instead of switching the window's tabs behind the typist's back, and
+Ctrl+Enter emits ``submitted`` (send, run).
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ import dataclasses
 import typing
 from typing import Any
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QDoubleSpinBox,
@@ -21,6 +28,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QPlainTextEdit,
     QPushButton,
     QSpinBox,
     QWidget,
@@ -125,3 +133,23 @@ class DataclassForm(QWidget):
         """Only the fields that differ from the defaults (what a request needs to carry)."""
         defaults = dataclasses.asdict(self.settings_type())
         return {k: v for k, v in self.values().items() if defaults.get(k) != v}
+
+
+class PromptBox(QPlainTextEdit):
+    """Multi-line text that Tab leaves and Ctrl+Enter submits (see the module docstring)."""
+
+    submitted = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setTabChangesFocus(True)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt's name
+        ctrl = bool(event.modifiers() & Qt.KeyboardModifier.ControlModifier)
+        if ctrl and event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            self.submitted.emit()
+            return
+        if ctrl and event.key() in (Qt.Key.Key_Tab, Qt.Key.Key_Backtab):
+            self.focusNextPrevChild(event.key() == Qt.Key.Key_Tab and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier)
+            return
+        super().keyPressEvent(event)

@@ -108,6 +108,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"Note: {self._startup_note}", 60000)
         self._restore()
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.stop)
+        QShortcut(QKeySequence("Ctrl+PgDown"), self, activated=lambda: self._next_tab(1))
+        QShortcut(QKeySequence("Ctrl+PgUp"), self, activated=lambda: self._next_tab(-1))
         run_job(self, detect_hardware, self._on_hardware, lambda msg: self.show_error("Hardware detection failed", msg))
         model = autoload and (self.settings.value("model/last", autoload) or autoload)
         if model:
@@ -154,6 +156,7 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.compare, "Compare methods")
+        self.tabs.currentChanged.connect(lambda _: self.tabs.currentWidget().setFocus())  # its own box
         self.banner = QLabel()
         self.banner.setObjectName("error_banner")
         self.banner.setWordWrap(True)
@@ -217,6 +220,9 @@ class MainWindow(QMainWindow):
         dock.setWidget(widget)
         self.addDockWidget(area, dock)
         return dock
+
+    def _next_tab(self, step: int) -> None:
+        self.tabs.setCurrentIndex((self.tabs.currentIndex() + step) % self.tabs.count())
 
     # -- settings ----------------------------------------------------------------------------
     def _restore(self) -> None:

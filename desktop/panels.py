@@ -14,7 +14,6 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QLabel,
-    QPlainTextEdit,
     QPushButton,
     QSpinBox,
     QStackedWidget,
@@ -28,7 +27,7 @@ from backends.hardware.detect import format_report
 from backends.hardware.fit import FitReport
 from backends.hardware.recommend import Recommendation, Recommendations
 from backends.hardware.types import HardwareReport
-from desktop.forms import DataclassForm
+from desktop.forms import DataclassForm, PromptBox
 
 MiB = 1024**2
 
@@ -48,11 +47,11 @@ class SamplingPanel(QGroupBox):
         self.seed = _spin(-1, 2**31 - 1, -1)
         self.seed.setSpecialValueText("random")
         self.max_tokens = _spin(1, 1_000_000, 512)
-        self.system = QPlainTextEdit()
+        self.system = PromptBox()
         self.system.setPlaceholderText("System prompt (optional)")
         self.system.setMaximumHeight(70)
         self.override_template = QCheckBox("Override the model's chat template")
-        self.template = QPlainTextEdit()
+        self.template = PromptBox()
         self.template.setPlaceholderText("Jinja2 chat template, as in tokenizer.chat_template")
         self.template.setMaximumHeight(90)
         self.template.setEnabled(False)
