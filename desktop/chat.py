@@ -4,9 +4,12 @@ The panel keeps the conversation and shows it; the main window turns "send" into
 the worker and feeds the worker's events back here. The transcript is redrawn on a short timer
 while an answer streams, not once per token.
 
-A message the worker refuses before running anything (one too long for the context) is taken
-back: the conversation returns to what it was before the send, the text goes back into the message
-box, and the error says why. An empty message is not sent; a notice says so.
+A send that ends without any answer is taken back: one the worker refuses before running anything
+(too long for the context), one that fails or is stopped before its first token. The conversation
+returns to what it was before the send, the text goes back into the message box, and the error (or
+a notice) says why; so the next send never carries two user turns in a row. An empty message is
+not sent; a notice says so. While a long message is read, the answer shows how many of its prompt
+tokens the model has read so far instead of "thinking".
 
 Any earlier user message can be edited: its "edit" link in the transcript puts its text in the
 message box, and sending replaces it, drops every turn after it (those answered the old text)
@@ -53,11 +56,13 @@ from backends.chat import format_stats
 from backends.core.types import Finished, Prefilled, RunStats, Step
 from desktop.forms import PromptBox
 from desktop.store import ConversationStore, StoredMessage
+from desktop.worker import PrefillProgress
 
 EDIT_SCHEME = "edit"  # transcript links "edit:<message index>" start editing that message
 PALETTE_EVENTS = (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange)
 NOTICE_MS = 6000
 HEADER_GAP = 12.0  # pixels above each "You" / "SpecDeck" line
+READING_SHOWN_FROM = 256  # prompts this long show how far they have been read, not just "thinking"
 _DRAFT_GREEN = QColor(80, 170, 90)
 
 
@@ -144,6 +149,7 @@ class ChatPanel(QWidget):
         self._dirty = False
         self._error: str | None = None  # the error line now shown (a palette change redraws it)
         self._undo: Undo | None = None  # the conversation before the answer now asked for
+        self._reading: PrefillProgress | None = None  # how far the prompt of the answer asked for is read
         self._rendered: dict[str, Rendered] = {}  # message text -> its styled markdown (see redraw)
         self._build()
         self.theme = TranscriptTheme.from_palette(self.palette())
@@ -325,6 +331,7 @@ class ChatPanel(QWidget):
 
     def _ask(self, undo: Undo) -> None:
         self._undo = undo
+        self._reading = None
         conversation = [{"role": m.role, "content": m.content} for m in self.messages]
         self.messages.append(StoredMessage("assistant", ""))
         self.spans[len(self.messages) - 1] = []
@@ -416,30 +423,41 @@ class ChatPanel(QWidget):
             old = self.messages[index]
             self.messages[index] = StoredMessage("assistant", old.content + event.text)
             self._dirty = True
+        elif isinstance(event, Finished) and event.reason == "cancelled" and not event.tokens and self._undo is not None:
+            self._take_back(self._undo)  # stopped before the first token: there is no answer to keep
+            self.redraw()
+            self.show_notice("Stopped before the answer began; the conversation is as it was"
+                             + (" and your message is back in the box." if self.input.toPlainText() else "."))
         elif isinstance(event, Finished):
             self.messages[index] = StoredMessage("assistant", event.text, event.stats.to_dict())
             self.set_streaming(False)
             self.save()
             self.redraw()
+        elif isinstance(event, PrefillProgress):
+            self._reading = event
+            self._dirty = True
         elif isinstance(event, Prefilled):
+            self._reading = None
             self._dirty = True
 
     def on_failure(self, message: str, *, refused: bool = False) -> None:
-        """The answer failed: drop the empty answer, keep the question, show the error inline.
+        """The answer failed: the error goes under the conversation, inline.
 
-        ``refused``: the worker turned the request down before running anything (the message is
-        too long for the context), so the send is undone instead: see ``_take_back``.
+        Before its first token (or ``refused``: turned down before anything ran, such as a message
+        too long for the context) the send is taken back (``_take_back``): a question left without
+        its answer would make the next send carry two user turns in a row. After some text, that
+        text stays as the answer.
         """
-        if self.streaming and refused and self._undo is not None:
+        if self.streaming and self._undo is not None and (refused or not self._answer_so_far()):
             self._take_back(self._undo)
-        elif self.streaming and self.messages and self.messages[-1].role == "assistant":
-            index = len(self.messages) - 1
-            if not self.messages[index].content:
-                self.messages.pop()
-                self.spans.pop(index, None)
+        elif self.streaming:
             self.set_streaming(False)
             self.save()
         self.redraw(error=message)
+
+    def _answer_so_far(self) -> str:
+        last = self.messages[-1] if self.messages else None
+        return last.content if last is not None and last.role == "assistant" else ""
 
     def _take_back(self, undo: Undo) -> None:
         """The conversation as it was before the send (an edit's later turns included), and the
@@ -518,7 +536,15 @@ class ChatPanel(QWidget):
             self._rendered[m.content] = rendered
             rendered.insert(cursor)
         elif m.role == "assistant" and self.streaming and index == len(self.messages) - 1:
-            cursor.insertHtml("<i>thinking ...</i>")
+            cursor.insertHtml(f"<i>{html.escape(self._waiting_text())}</i>")
+
+    def _waiting_text(self) -> str:
+        """What the answer shows before its first token: how far a long prompt has been read."""
+        reading = self._reading
+        if reading is None or reading.total < READING_SHOWN_FROM:
+            return "thinking ..."
+        return (f"reading your message: {reading.done:,} of {reading.total:,} prompt tokens "
+                f"({reading.done / reading.total:.0%}) ...")
 
     def transcript_text(self) -> str:
         return self.transcript.toPlainText()

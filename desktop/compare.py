@@ -106,6 +106,7 @@ class ComparePanel(QWidget):
         self.export_csv.clicked.connect(lambda: self._export("csv"))
         self.export_json = QPushButton("Export JSON")
         self.export_json.clicked.connect(lambda: self._export("json"))
+        self._set_exportable(False)
         self.history = QListWidget()
         self.history.setObjectName("compare_history")
         self.history.itemActivated.connect(self._load_history_item)
@@ -218,8 +219,14 @@ class ComparePanel(QWidget):
         self.stop_button.setEnabled(False)
 
     # -- results -----------------------------------------------------------------------------
+    def _set_exportable(self, on: bool) -> None:
+        for button, kind in ((self.export_csv, "CSV"), (self.export_json, "JSON")):
+            button.setEnabled(on)
+            button.setToolTip(f"Save the results table as {kind}" if on else "Run a comparison first (or open an earlier run)")
+
     def show_result(self, done: CompareDone) -> None:
         self.last = done
+        self._set_exportable(bool(done.rows))
         self.table.setRowCount(len(done.rows))
         for r, row in enumerate(done.rows):
             for c, value in enumerate(_cells(row)):
@@ -274,14 +281,21 @@ class ComparePanel(QWidget):
 
 
 def export(done: CompareDone, path: Path, kind: str) -> None:
-    rows = [asdict(r) for r in done.rows]
+    """The results as JSON or CSV. A figure that does not exist (plain decoding's acceptance rate:
+    it drafts nothing) is ``null`` in JSON and an empty cell in CSV, never ``NaN``, which is not
+    JSON and which spreadsheets read as text."""
+    rows = [{k: _known(v) for k, v in asdict(r).items()} for r in done.rows]
     if kind == "json":
-        path.write_text(json.dumps({"prompt": done.prompt, "rows": rows}, indent=1))
+        path.write_text(json.dumps({"prompt": done.prompt, "rows": rows}, indent=1, allow_nan=False))
         return
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["method"])
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+
+
+def _known(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _cells(row: CompareRow) -> tuple[str, ...]:

@@ -3,6 +3,8 @@
 They run on Qt's global thread pool so the GUI thread never waits on a disk read or a probe; the
 result comes back as a queued signal on the GUI thread. The relay carrying it is kept alive until
 the job ends, even if its owner (a window, a panel) is closed first: the result is then dropped.
+So is the outcome of a job still running when the application shuts down (Qt then deletes every
+relay): nothing is printed in the terminal after the window has closed.
 """
 
 from __future__ import annotations
@@ -27,9 +29,20 @@ class _Job(QRunnable):
         try:
             result = self.fn()
         except Exception as exc:  # noqa: BLE001 - reported to the GUI, never raised in a pool thread
-            self.relay.failed.emit(str(exc) or type(exc).__name__)
+            self._send("failed", str(exc) or type(exc).__name__)
         else:
-            self.relay.done.emit(result)
+            self._send("done", result)
+
+    def _send(self, signal: str, value: Any) -> None:
+        """Hand the outcome to the GUI thread. A job that outlives the application (the window was
+        closed while it ran, and Qt's objects are being torn down) has nobody left to tell: its
+        relay is gone, and the outcome is dropped instead of raising in a pool thread."""
+        if not isValid(self.relay):
+            return
+        try:
+            getattr(self.relay, signal).emit(value)
+        except RuntimeError:  # the relay was deleted between the check and the emit
+            pass
 
 
 _live: set[_Relay] = set()

@@ -12,7 +12,7 @@ import html
 import itertools
 from pathlib import Path
 
-from PySide6.QtCore import QMetaObject, QSettings, Qt, QThread, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QMetaObject, QSettings, Qt, QThread, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -438,6 +438,7 @@ class MainWindow(QMainWindow):
         QMetaObject.invokeMethod(self.worker, "shutdown", Qt.ConnectionType.BlockingQueuedConnection)
         self.thread.quit()
         self.thread.wait(10_000)
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)  # the worker's last events (the answer so far) before the store closes
         self.chat.store.close()
         self.library.shutdown()  # a download stops at its next chunk; its partial file resumes next time
         super().closeEvent(event)

@@ -273,9 +273,11 @@ def _why_disabled(name: str, missing: frozenset[str], rec: Recommendation | None
     return rec.reason if rec is not None else f"needs {describe(missing)}"
 
 
-class HardwarePanel(QGroupBox):
+class HardwarePanel(QWidget):
+    """The hardware report. No title of its own: the dock it sits in is titled "Hardware"."""
+
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("Hardware", parent)
+        super().__init__(parent)
         layout = QVBoxLayout(self)
         self.text = QLabel("Detecting CPU, RAM, GPUs and the llama.cpp build ...")
         self.text.setObjectName("hardware_report")

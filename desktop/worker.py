@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from backends.bench import TurnRun, decode_rate, divergence
 from backends.core.errors import Cancelled, PromptTooLongError, SpecDeckError
-from backends.core.types import Event, Finished, GenerationSettings, Step
+from backends.core.types import Event, Finished, GenerationSettings, Prefilled, Step
 from backends.factory import Session, SessionConfig
 from backends.hardware.observed import ObservedStore
 from backends.hardware.telemetry import Sampler, energy_joules
@@ -72,9 +72,18 @@ class ModelReady:
 
 
 @dataclass(frozen=True)
+class PrefillProgress:
+    """How far the prompt has been read: ``done`` of its ``total`` tokens are in the model's cache
+    (what a long message shows instead of "thinking" until the answer starts)."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class AnswerEvent:
     request_id: int
-    event: Event
+    event: Event | PrefillProgress
     draft_text: str = ""  # for a Step: the text of its tokens that came from accepted drafts
 
 
@@ -137,6 +146,7 @@ class Worker(QObject):
         # How far the current load is (0..1). llama.cpp reports it from inside its loader through a
         # ctypes callback; emitting a Qt signal from there crashed PySide, so the GUI polls this.
         self.load_fraction = 0.0
+        self._prefill_done = -1  # the prefill progress last reported (see _report_prefill)
 
     # -- loading -------------------------------------------------------------------------------
     @Slot(object)
@@ -203,15 +213,25 @@ class Worker(QObject):
         self._run(request.request_id, "The answer failed", lambda session: self._answer(session, request))
 
     def _answer(self, session: Session, request: AnswerRequest) -> None:
+        self._prefill_done = -1
         default = session.model.chat_format
         fmt = replace(default, template=request.template) if request.template else default
         prompt = self._fitting_prompt(session, list(request.messages), fmt, request.generation.max_new_tokens)
         generation = replace(request.generation, stop=tuple(dict.fromkeys(request.generation.stop + fmt.stop)))
-        for event in session.generate(request.method, prompt, generation, cancel=request.cancel,
+        watch = PrefillWatch(request.cancel, lambda: self._report_prefill(session, request.request_id, len(prompt) - 1))
+        for event in session.generate(request.method, prompt, generation, cancel=watch,
                                       method_settings=request.method_settings):
+            watch.reading = watch.reading and not isinstance(event, (Prefilled, Finished))
             self.answer_event.emit(AnswerEvent(request.request_id, event, _draft_text(session, event)))
             if isinstance(event, Finished) and event.reason != "cancelled":
                 self.store.record_run(session.model.path, "chat", event.stats)
+
+    def _report_prefill(self, session: Session, request_id: int, total: int) -> None:
+        """Between two chunks of the prompt's prefill (on this thread): how many tokens are in."""
+        done = min(session.target.n_past, total)
+        if done != self._prefill_done:
+            self._prefill_done = done
+            self.answer_event.emit(AnswerEvent(request_id, PrefillProgress(done, total)))
 
     def _run(self, request_id: int, title: str, job: Callable[[Session], None]) -> None:
         """Run one request on the loaded session; whatever fails becomes a Failure for the window."""
@@ -332,6 +352,25 @@ def _room_for_both(session: Session, config: SessionConfig) -> bool:
     except (SpecDeckError, OSError):
         return False
     return need < psutil.virtual_memory().available
+
+
+class PrefillWatch:
+    """A request's Stop flag as the engine reads it, which also tells how far a long prompt is.
+
+    The engine asks ``is_set`` between the chunks of the prompt's prefill (so Stop works while a
+    long message is read) and before every step. While ``reading`` (until the first event after
+    the prefill), each ask first calls ``report``, which reads the target's cache length on the
+    worker thread, between two chunks, where nothing else touches it.
+    """
+
+    def __init__(self, cancel: threading.Event, report: Callable[[], None]) -> None:
+        self.cancel, self.report = cancel, report
+        self.reading = True
+
+    def is_set(self) -> bool:
+        if self.reading:
+            self.report()
+        return self.cancel.is_set()
 
 
 def _refuse_if_alone_too_long(session: Session, messages: list[Message], fmt) -> None:

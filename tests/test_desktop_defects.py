@@ -11,9 +11,19 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+import csv  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtWidgets import QDockWidget, QGroupBox  # noqa: E402
 
+from desktop.hub import HubDialog  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from tests.test_desktop import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send  # noqa: E402
 
@@ -77,3 +87,129 @@ def test_tab_leaves_the_text_boxes_and_ctrl_enter_runs_a_comparison(qtbot, windo
     qtbot.waitUntil(lambda: not compare.running, timeout=5000)
     assert compare.table.rowCount() == len(compare.methods())
     assert box.toPlainText() == "Hello" and chat.messages == []  # the chat sent nothing
+
+
+# -- 12: smaller ----------------------------------------------------------------------------------
+def shown(chat) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in chat.messages]
+
+
+def stored(chat) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in chat.store.messages(chat.conversation)]
+
+
+def test_a_long_message_shows_how_far_its_prompt_has_been_read(qtbot, window):
+    chat = window.chat
+    window.sampling.max_tokens.setValue(4)
+    long_text = "A very long note about soil, water and light in the garden. " * 200  # ~2,600 tokens
+    partial: list[tuple[int, int]] = []
+
+    def reading() -> bool:
+        found = re.search(r"reading your message: ([\d,]+) of ([\d,]+) prompt tokens", chat.transcript_text())
+        if found:
+            done, total = (int(g.replace(",", "")) for g in found.groups())
+            if 0 < done < total:
+                partial.append((done, total))
+        return bool(partial)
+
+    rec = Recorder(window)
+    send(qtbot, window, long_text)
+    qtbot.waitUntil(reading, timeout=ANSWER_TIMEOUT)  # shown while the prompt is read, chunk by chunk
+    assert partial[0][1] > 2000
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
+    assert "reading your message" not in chat.transcript_text() and rec.finished.stats.new_tokens > 0
+
+
+class SaveTo:
+    """Stands in for the file dialog: "save" answers with this path."""
+
+    path = ""
+
+    @classmethod
+    def getSaveFileName(cls, *args, **kwargs):  # noqa: N802 - QFileDialog's name
+        return cls.path, ""
+
+
+def test_export_waits_for_a_run_and_never_writes_nan(qtbot, window, tmp_path, monkeypatch):
+    compare = window.compare
+    window.tabs.setCurrentWidget(compare)
+    for button in (compare.export_csv, compare.export_json):
+        assert not button.isEnabled() and "Run a comparison first" in button.toolTip()
+    window.sampling.max_tokens.setValue(8)
+    compare.prompt.setPlainText("Repeat exactly: apples, pears, plums.")
+    for name, box in compare.checks.items():
+        box.setChecked(name in ("ar", "pld"))
+    compare.run_button.click()
+    qtbot.waitUntil(lambda: not compare.running, timeout=ANSWER_TIMEOUT)
+    assert compare.export_csv.isEnabled() and compare.export_json.isEnabled()
+    monkeypatch.setattr("desktop.compare.QFileDialog", SaveTo)
+    SaveTo.path = str(tmp_path / "run.csv")
+    compare.export_csv.click()
+    with open(SaveTo.path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["method"] for r in rows] == ["ar", "pld"]
+    assert all(cell.lower() != "nan" for row in rows for cell in row.values())
+    assert rows[0]["acceptance_rate"] == ""  # plain decoding drafts nothing: no rate, not "nan"
+    SaveTo.path = str(tmp_path / "run.json")
+    compare.export_json.click()
+    data = json.loads(Path(SaveTo.path).read_text(), parse_constant=lambda name: pytest.fail(f"JSON holds {name}"))
+    assert data["rows"][0]["acceptance_rate"] is None and data["rows"][1]["method"] == "pld"
+
+
+def test_a_failed_answer_gives_the_message_back_and_the_next_send_has_one_user_turn(qtbot, window):
+    chat = window.chat
+    window.sampling.max_tokens.setValue(4)
+    ask(qtbot, window, "Name a fruit.")
+    before = shown(chat)
+    window.sampling.override_template.setChecked(True)
+    window.sampling.template.setPlainText("{% for m in messages %}{{ m.content }")  # does not compile
+    send(qtbot, window, "Name a colour.")
+    qtbot.waitUntil(lambda: not chat.streaming and bool(window.error_text()), timeout=ANSWER_TIMEOUT)
+    assert "Error:" in chat.transcript_text()
+    assert shown(chat) == before and stored(chat) == before  # no question left without its answer
+    assert chat.input.toPlainText() == "Name a colour."  # back in the box, to send again
+    window.sampling.override_template.setChecked(False)
+    requests: list = []
+    window.answer_request.connect(requests.append)
+    rec = ask(qtbot, window, chat.input.toPlainText())
+    roles = [m["role"] for m in requests[0].messages if m["role"] != "system"]
+    assert roles == ["user", "assistant", "user"]
+    assert shown(chat) == before + [("user", "Name a colour."), ("assistant", rec.finished.text)]
+
+
+def test_the_hub_without_network_says_so_in_words(qtbot, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for endpoint, words in (("http://specdeck-no-such-host.invalid", "network"), (refused, "refused")):
+        dialog = HubDialog(endpoint=endpoint, root=tmp_path)
+        qtbot.addWidget(dialog)
+        dialog.show()
+        dialog.query.setText("SmolLM2")
+        dialog.search()
+        qtbot.waitUntil(lambda: not dialog.status.text().startswith("Searching"), timeout=60_000)
+        text = dialog.status.text()
+        assert "cannot reach the Hugging Face Hub" in text and words in text, text
+        assert "Errno" not in text and "[" not in text, text
+
+
+def test_no_title_is_said_twice(window):
+    for dock in window.findChildren(QDockWidget):
+        inner = [box.title() for box in dock.findChildren(QGroupBox)]
+        assert dock.windowTitle() not in inner, dock.windowTitle()
+
+
+@pytest.mark.parametrize("mode", ["chat", "compare", "hub"])
+def test_closing_the_window_mid_run_prints_no_traceback(tmp_path, mode):
+    """The real app in its own process, closed mid-answer, mid-comparison or mid-search."""
+    env = {**os.environ, "SPECDECK_DATA_DIR": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config"),
+           "QT_QPA_PLATFORM": "offscreen"}
+    result = subprocess.run([sys.executable, "-m", "tests.close_driver", mode], capture_output=True, text=True,
+                            timeout=600, env=env, cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 0, result.stderr
+    for bad in ("Traceback", "Error calling Python", "RuntimeError", "Signal source has been deleted"):
+        assert bad not in result.stderr, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    if mode == "chat":  # the answer so far was kept, as an answer stopped with Esc is
+        assert report["steps"] >= 3
+        assert [role for role, _ in report["messages"]] == ["user", "assistant"] and report["messages"][1][1]

@@ -196,7 +196,7 @@ def _fetch(url: str, part: Path, size: int | None, progress: Progress | None,
             grew = (part.stat().st_size if part.exists() else 0) > before
             failures = 0 if grew else failures + 1
             if failures > _RETRIES:
-                raise HubError(f"the connection to the Hub keeps failing ({exc or type(exc).__name__}); "
+                raise HubError(f"the connection to the Hub keeps failing ({network_reason(exc)}); "
                                "the part downloaded so far is kept, try again later") from exc
             time.sleep(min(8.0, 0.5 * 2**failures))
 
@@ -297,8 +297,28 @@ def _explain(what: str, exc: BaseException) -> str | None:
     if isinstance(exc, HfHubHTTPError):
         return f"{what}: the Hub answered with an error ({exc})"
     if isinstance(exc, httpx.HTTPError):
-        return f"cannot reach the Hugging Face Hub for {what}: {exc or type(exc).__name__}"
+        return f"cannot reach the Hugging Face Hub for {what}: {network_reason(exc)}"
     return None
+
+
+def network_reason(exc: BaseException) -> str:
+    """Why a request got no answer, in words a person can act on (not ``[Errno -2] ...``).
+
+    Example: a lookup of huggingface.co that fails gives "no network: the Hub's address could not
+    be looked up (check the connection, or a proxy)"."""
+    text = str(exc).lower()
+    if isinstance(exc, httpx.TimeoutException):
+        return "the Hub did not answer in time; the network may be slow or down, try again later"
+    if any(words in text for words in ("name or service not known", "name resolution", "nodename nor servname",
+                                       "no address associated", "getaddrinfo")):
+        return "no network: the Hub's address could not be looked up (check the connection, or a proxy)"
+    if "refused" in text:
+        return "the connection was refused (nothing answers at that address; check a proxy or the endpoint)"
+    if "network is unreachable" in text or "no route to host" in text:
+        return "no network: the Hub cannot be reached from this computer (check the connection)"
+    if isinstance(exc, httpx.ProxyError):
+        return "the proxy refused the connection (check its settings)"
+    return f"the connection failed ({type(exc).__name__}); check the network and try again"
 
 
 @dataclass
