@@ -229,7 +229,7 @@ def logit_margin(session: Session, context: list[int], sampling: SamplingSetting
     target = session.target
     target.reset()
     target.prefill(context[:-1])
-    row = target.verify(context[-1], Proposal()).logits[0]
+    row = target.verify(context[-1], Proposal()).row(0)
     target.reset()
     row = apply_repeat_penalty(row, context, sampling)
     top2 = np.argsort(-row)[:2]

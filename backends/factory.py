@@ -23,15 +23,26 @@ from backends.core.costs import SHORT_CONTEXT, CostModel, CpuWatch, time_forward
 from backends.core.engine import generate
 from backends.core.errors import IncompatibleDraftError, SpecDeckError
 from backends.core.protocols import Drafter
-from backends.core.types import Event, GenerationSettings, Prefilled, SamplingSettings
+from backends.core.types import ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
 from backends.drafters import DRAFT_MODEL, DrafterResources, describe, method_spec
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
 from backends.models.catalog import resolve_model
+from backends.models.chat import ChatFormat, Message
 from backends.models.compat import draft_incompatibility
 from backends.models.cost_cache import COST_CURVE_LENGTH, LONG_CONTEXT, cost_curve_file, load_cost_curves, save_cost_curves
 
 QUIET_CORES = 0.25  # other processes' CPU use (cores) under which a measured cost curve is kept
+ANSWER_ROOM = 256  # tokens a conversation's prompt leaves free for the answer (at most max_new_tokens)
+
+
+@dataclass(frozen=True)
+class FittedPrompt:
+    """A conversation's prompt and the oldest messages left out of it to fit the context."""
+
+    tokens: list[int]
+    dropped: int
+    messages: list[Message]  # the messages the prompt holds
 
 
 @dataclass(frozen=True)
@@ -64,18 +75,24 @@ class Session:
             self.close()
             raise
 
-    def _context(self, model: LlamaModel) -> LlamaTarget:
-        n_ctx = min(self.config.n_ctx, model.n_ctx_train) if model.n_ctx_train > 0 else self.config.n_ctx
+    def _context(self, model: LlamaModel, n_ctx: int | None = None) -> LlamaTarget:
+        if n_ctx is None:
+            n_ctx = min(self.config.n_ctx, model.n_ctx_train) if model.n_ctx_train > 0 else self.config.n_ctx
         return LlamaTarget(model, n_ctx=n_ctx, n_threads=self.config.n_threads, flash_attn=self.config.flash_attn)
 
     def _load_draft(self, spec: str) -> None:
+        """The draft model in a context as long as the target's: a draft shorter than every prompt
+        the target takes would fail on the long ones (past its training length a draft only
+        guesses worse, and guesses are verified)."""
         draft = LlamaModel(resolve_model(spec), n_gpu_layers=self.config.n_gpu_layers)
         reasons = draft_incompatibility(self.model.vocab_info, draft.vocab_info)
+        if not draft.can_roll_back:
+            reasons.append("it is a recurrent or hybrid model, whose cache cannot forget rejected guesses")
         if reasons:
             draft.close()
             raise IncompatibleDraftError(f"{spec} cannot draft for {self.config.model}: " + "; ".join(reasons))
         self.draft_model = draft
-        self.draft_target = self._context(draft)
+        self.draft_target = self._context(draft, self.target.n_ctx)
 
     def reset(self) -> None:
         """Empty every KV cache (the next answer computes its whole prompt)."""
@@ -147,7 +164,36 @@ class Session:
                 save_cost_curves(self._cost_file(target, model), costs.curves)
 
     # -- answering -----------------------------------------------------------------------------
-    def drafter(self, method: str, sampling: SamplingSettings, **settings: Any) -> Drafter:
+    def fitting_prompt(self, messages: Sequence[Message], *, max_new_tokens: int,
+                       chat_format: ChatFormat | None = None) -> FittedPrompt:
+        """The conversation's prompt, leaving out its oldest turns while it would crowd out the answer.
+
+        A long chat must keep working: like other chat apps, the earliest messages (never the
+        system prompt or the newest message) are left out until the prompt leaves room for
+        ``min(max_new_tokens, ANSWER_ROOM)`` new tokens; the caller tells the user how many. A
+        newest message too long for the context even alone still fails, with a clear error from
+        the engine. The terminal chat and the desktop worker both use this.
+
+        Example: with a 2048-token context, 600 tokens per turn and 256 of room, a fourth turn
+        leaves out the first (3 x 600 + 256 fits, 4 x 600 does not).
+        """
+        kept = list(messages)
+        room = min(max_new_tokens, ANSWER_ROOM)
+        prompt = self.model.chat_prompt(kept, chat_format=chat_format)
+        dropped = 0
+        while len(prompt) + room > self.target.n_ctx:
+            older = [i for i, m in enumerate(kept[:-1]) if m["role"] != "system"]
+            if not older:
+                break
+            del kept[older[0]]
+            dropped += 1
+            prompt = self.model.chat_prompt(kept, chat_format=chat_format)
+        return FittedPrompt(prompt, dropped, kept)
+
+    def drafter(self, method: str, sampling: SamplingSettings, *, stop: Callable[[], bool] | None = None,
+                **settings: Any) -> Drafter:
+        """A fresh drafter for one answer; refused, with the reason, where this session lacks what it
+        needs (``stop``: Stop was pressed, for a drafter's own long work)."""
         spec = method_spec(method)
         chosen = spec.settings(**settings)
         missing = spec.requirements(chosen) - self.offers
@@ -161,10 +207,14 @@ class Session:
             draft_costs=self.draft_cost_model,
             memory=self._memory,
             vocab=self.model.vocab_info,
+            stop=stop,
         )
         drafter = spec.build(chosen, resources)
         missing = drafter.requires - self.target.offers
         if missing:
+            if ROLLBACK in missing:
+                raise SpecDeckError(f"{method} cannot run on {self.model.name}: it needs {describe(missing)}; "
+                                    "plain decoding (ar) can")
             raise SpecDeckError(f"{method} with these settings needs {describe(missing)}")
         return drafter
 
@@ -177,7 +227,8 @@ class Session:
         cancel: threading.Event | None = None,
         method_settings: dict[str, Any] | None = None,
     ) -> Iterator[Event]:
-        drafter = self.drafter(method, settings.sampling, **(method_settings or {}))  # bad settings raise here
+        stop = None if cancel is None else cancel.is_set
+        drafter = self.drafter(method, settings.sampling, stop=stop, **(method_settings or {}))  # bad settings raise
         return self._measuring(generate(self.target, drafter, prompt, settings, cancel=cancel, method=method), cancel)
 
     def _measuring(self, events: Iterator[Event], cancel: threading.Event | None) -> Iterator[Event]:

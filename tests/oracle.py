@@ -10,20 +10,24 @@ must sit at numerical near-ties.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
+from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import TREE, Proposal, TargetOutput, Verdict
+from backends.core.types import ROLLBACK, TREE, Proposal, TargetLimits, TargetOutput, Verdict
 
 
 class OracleTarget:
-    offers = frozenset({TREE})
+    """``max_batch`` and ``max_paths`` are enforced the way llama.cpp enforces ``n_batch`` and
+    ``n_seq_max``: a forward past them raises."""
+
+    offers = frozenset({TREE, ROLLBACK})
 
     def __init__(self, vocab: int = 32, *, seed: int = 0, n_ctx: int = 512, sharpness: float = 2.5,
                  induction: float = 3.0, perturb: float = 0.0, perturb_seed: int = 1, eos: int | None = None,
-                 eos_bias: float = -4.0) -> None:
+                 eos_bias: float = -4.0, max_batch: int = 512, max_paths: int = 32) -> None:
         rng = np.random.default_rng(seed)
         self.table = rng.normal(size=(vocab, vocab, vocab)).astype(np.float32) * sharpness
         if perturb:
@@ -36,8 +40,10 @@ class OracleTarget:
         if eos is not None:
             self.table[..., eos] += eos_bias
         self.eog_ids = frozenset() if eos is None else frozenset({eos})
+        self.limits = TargetLimits(max_batch=max_batch, max_paths=max_paths)
         self.tokens: list[int] = []
         self.verify_calls = 0
+        self.forwards = 0  # every forward: prefill chunks, verifies, extends
         self._pending: tuple[int, tuple[int, ...]] | None = None
 
     # -- the model -----------------------------------------------------------------------------
@@ -60,21 +66,40 @@ class OracleTarget:
     def reset(self) -> None:
         self.tokens = []
 
-    def prefill(self, tokens: Sequence[int]) -> int:
+    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None) -> int:
+        if len(tokens) > self.n_ctx:
+            raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
         common = 0
         while common < min(len(tokens), len(self.tokens)) and tokens[common] == self.tokens[common]:
             common += 1
-        self.tokens = list(tokens)
+        del self.tokens[common:]
+        for start in range(common, len(tokens), self.limits.max_batch):
+            if stop is not None and stop():
+                raise Cancelled("prefill stopped")
+            self.forwards += 1
+            self.tokens.extend(tokens[start : start + self.limits.max_batch])
         return common
+
+    def extend(self, tokens: Sequence[int]) -> TargetOutput:
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise RuntimeError("oracle context overflow")
+        self.forwards += -(-len(tokens) // self.limits.max_batch)
+        self.tokens.extend(tokens)
+        return TargetOutput(logits=self.logits_for(self.tokens)[None, :])
 
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
         self.verify_calls += 1
+        self.forwards += 1
         if self.n_past + 1 + proposal.size > self.n_ctx:
             raise RuntimeError("oracle context overflow: the engine must respect the budget")
+        if 1 + proposal.size > self.limits.max_batch:
+            raise BackendError(f"a proposal of {proposal.size} nodes exceeds the batch size {self.limits.max_batch}")
         base = self.tokens + [root]
         rows = [self.logits_for(base)]
         if proposal.size:
             tree = compile_tree(proposal.parents)
+            if len(tree.paths) > self.limits.max_paths:
+                raise BackendError(f"a tree with {len(tree.paths)} leaves exceeds {self.limits.max_paths} sequences")
             for i in range(proposal.size):
                 path = [proposal.tokens[j] for j in np.flatnonzero(tree.mask[i])]
                 rows.append(self.logits_for(base + path))

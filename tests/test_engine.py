@@ -234,16 +234,18 @@ def test_stats_are_consistent():
     assert d["tau"] == stats.tau and d["acceptance_rate"] == stats.acceptance_rate
 
 
-def test_draft_model_prices_its_catch_up():
+def test_draft_model_prices_its_catch_up_as_a_one_off():
     """After a stretch without drafting the draft must first decode the backlog: a prefill, not a
-    single token. The controller counts it, so it does not start drafting when that cannot pay."""
+    single token, but paid once, and the steps after it only catch up on a token or two. Spread
+    over the steps it enables it pays; an answer about to end cannot pay it back."""
     linear = CostModel.from_relative([0.1 * (k + 1) for k in range(9)])  # each caught-up token costs 0.1
     drafter = DraftModelDrafter(OracleTarget(32, seed=1), DraftSettings(), sampling=SamplingSettings(),
                                 target_vocab=32, costs=COSTS, draft_costs=linear)
     drafter.begin([1, 2, 3])
     assert drafter._choose_length(8, context=3) > 0
-    drafter._pending = list(range(30))  # 30 tokens the draft has not seen
-    assert drafter._choose_length(8, context=33) == 0
+    drafter._pending = list(range(30))  # 30 tokens the draft has not seen: 3 forwards to catch up
+    assert drafter._choose_length(8, context=33, steps_left=1) == 0
+    assert drafter._choose_length(8, context=33, steps_left=64) > 0
 
 
 def test_a_draft_that_cannot_pay_is_not_asked_every_step():

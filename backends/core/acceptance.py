@@ -39,12 +39,15 @@ def _verdict(proposal: Proposal, path: list[int], bonus: int, depth: int) -> Ver
     return Verdict(path=tuple(path), tokens=tokens, drafted=proposal.size, draft_depth=depth)
 
 
-def _chain_greedy(targets: np.ndarray, proposal: Proposal) -> Verdict:
-    """Fast path: a chain without penalties needs only one argmax per row."""
+def _chain_greedy(out: TargetOutput, proposal: Proposal) -> Verdict:
+    """Fast path: a chain without penalties needs one argmax per row it reaches (the root's and
+    each accepted node's), read from the target's buffer without copying it."""
     n = 0
-    while n < proposal.size and proposal.tokens[n] == targets[n]:
+    while True:
+        want = out.top(n)
+        if n == proposal.size or proposal.tokens[n] != want:
+            return _verdict(proposal, list(range(n)), want, proposal.size)
         n += 1
-    return _verdict(proposal, list(range(n)), int(targets[n]), proposal.size)
 
 
 def accept_greedy(
@@ -52,15 +55,17 @@ def accept_greedy(
 ) -> Verdict:
     """Keep the longest path whose every token is the target's greedy choice."""
     if proposal.is_chain and not settings.penalized:
-        return _chain_greedy(np.argmax(out.logits, axis=1), proposal)
+        return _chain_greedy(out, proposal)
     tree = compile_tree(proposal.parents)
     depth = int(tree.depths.max()) if proposal.size else 0
     last_n = settings.repeat_last_n if settings.penalized else 0
     path: list[int] = []
     node = -1
     while True:
-        row = out.logits[node + 1]
-        want = greedy_token(row, _path_history(history, proposal, path, last_n), settings)
+        if last_n:
+            want = greedy_token(out.row(node + 1), _path_history(history, proposal, path, last_n), settings)
+        else:
+            want = out.top(node + 1)
         child = next((c for c in tree.children_of(node) if proposal.tokens[c] == want), None)
         if child is None:
             return _verdict(proposal, path, want, depth)
@@ -108,7 +113,7 @@ def accept_stochastic(
     path: list[int] = []
     node = -1
     while True:
-        p = target_distribution(out.logits[node + 1], _path_history(history, proposal, path, last_n), settings)
+        p = target_distribution(out.row(node + 1), _path_history(history, proposal, path, last_n), settings)
         children = tree.children_of(node)
         picked, residual = try_candidates(p, [(proposal.tokens[c], proposal.q(c)) for c in children], rng)
         if picked is None:

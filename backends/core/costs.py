@@ -213,6 +213,13 @@ class CostModel:
         k = min(k, self.k_max)
         return self._measured(k, context) * self._correction[min(k, 1)]
 
+    def batch_seconds(self, n: int, context: int) -> float:
+        """Seconds to decode ``n`` tokens together (a prefill or a draft model's catch-up): the
+        curve up to its end, then at the rate of its longest measured batch."""
+        if n - 1 <= self.k_max:
+            return self.seconds(max(n - 1, 0), context)
+        return self.seconds(self.k_max, context) * n / (self.k_max + 1)
+
     def relative(self, context: int) -> list[float]:
         """Cost of k = 0..K drafted tokens relative to plain decoding, never decreasing in k."""
         row = self._row(context)

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Iterator, Sequence
 
 from backends.core.acceptance import accept
-from backends.core.errors import PromptTooLongError
+from backends.core.errors import BackendError, Cancelled, PromptTooLongError
 from backends.core.protocols import Drafter, Target
 from backends.core.sampling import make_rng
 from backends.core.stats import StatsRecorder
@@ -46,6 +46,29 @@ def _cut(tokens: tuple[int, ...], eog: frozenset[int], room: int) -> tuple[tuple
     return tokens, None
 
 
+def _push_text(stream: TextStream, tokens: tuple[int, ...]) -> tuple[tuple[int, ...], str, bool]:
+    """The step's tokens up to the one that completes a stop string, the text they release, and
+    whether a stop string was found. Tokens past the stop are not part of the answer."""
+    if not stream.stops:
+        return tokens, stream.push(tokens)[0], False
+    released = []
+    for i, token in enumerate(tokens):
+        text, stopped = stream.push((token,))
+        released.append(text)
+        if stopped:
+            return tokens[: i + 1], "".join(released), True
+    return tokens, "".join(released), False
+
+
+def _check_cache(target: Target, context: list[int]) -> None:
+    """The target must hold the whole context but its last token (the root): O(1) per step, and a
+    rollback that silently failed shows up here instead of as output that differs from plain
+    decoding."""
+    if target.n_past != len(context) - 1:
+        raise BackendError(f"the model's cache holds {target.n_past} tokens where the answer so far has "
+                           f"{len(context) - 1}: a rollback of rejected tokens failed")
+
+
 def generate(
     target: Target,
     drafter: Drafter,
@@ -58,14 +81,19 @@ def generate(
 ) -> Iterator[Event]:
     """Generate one answer after ``prompt``; yields Prefilled, then Steps, then Finished.
 
-    ``cancel`` is checked before every step, so setting it stops generation within one step.
+    ``cancel`` is checked between the prompt's prefill chunks and before every step, so setting
+    it stops generation within one chunk or step (a cancelled prefill yields Finished alone).
     """
     prompt = list(prompt)
     check_prompt(prompt, target.n_ctx)
     t0 = clock()
-    reused = target.prefill(prompt[:-1])
-    drafter.begin(prompt)
     stats = StatsRecorder(method, len(prompt))
+    try:
+        reused = target.prefill(prompt[:-1], stop=None if cancel is None else cancel.is_set)
+        drafter.begin(prompt)
+    except Cancelled:
+        yield Finished(reason="cancelled", tokens=(), text="", stats=stats.result("cancelled"))
+        return
     stats.played = str(getattr(drafter, "playing", "") or "")  # e.g. the arm auto chose for this answer
     stats.prefilled(reused, clock() - t0)
     yield Prefilled(prompt_tokens=len(prompt), reused_tokens=reused, seconds=stats.prefill_s)
@@ -81,7 +109,9 @@ def generate(
         if len(context) > target.n_ctx:
             reason = "context_full"
             break
-        budget = Budget(max_nodes=target.n_ctx - len(context), max_depth=settings.max_new_tokens - produced - 1)
+        _check_cache(target, context)
+        wanted = settings.max_new_tokens - produced
+        budget = Budget.for_step(target.limits, room=target.n_ctx - len(context), wanted=wanted)
         ta = clock()
         proposal = drafter.propose(context, budget).pruned(budget)
         tb = clock()
@@ -93,11 +123,11 @@ def generate(
         drafter.observe(out, verdict)
         te = clock()
         tokens, reason = _cut(verdict.tokens, target.eog_ids, settings.max_new_tokens - produced)
-        context.extend(tokens)
-        produced += len(tokens)
-        text, stopped = stream.push(tokens)
+        tokens, text, stopped = _push_text(stream, tokens)
         if stopped:
             reason = "stop"
+        context.extend(tokens)
+        produced += len(tokens)
         t_draft, t_verify, t_accept = (tb - ta) + (te - td), tc - tb, td - tc
         stats.step(verdict, len(tokens), t_draft=t_draft, t_verify=t_verify, t_accept=t_accept, end=te - t0)
         if reason is not None and not stopped:

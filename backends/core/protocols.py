@@ -7,16 +7,21 @@ backend and backends never depend on a drafter.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
-from backends.core.types import Budget, Proposal, TargetOutput, Verdict
+from backends.core.types import Budget, Proposal, TargetLimits, TargetOutput, Verdict
 
 
 @runtime_checkable
 class Target(Protocol):
-    """A model that verifies proposals. ``n_past`` tokens are in its KV cache."""
+    """A model that verifies proposals. ``n_past`` tokens are in its KV cache.
 
-    offers: frozenset[str]  # capabilities, e.g. {TREE}
+    Every method that changes the cache either does what it says or raises (``BackendError``):
+    a rollback that silently failed would make speculative output differ from plain decoding.
+    """
+
+    offers: frozenset[str]  # capabilities, e.g. {TREE, ROLLBACK}
+    limits: TargetLimits  # rows and tree paths one verify may take
     n_ctx: int
     n_vocab: int
     eog_ids: frozenset[int]
@@ -27,14 +32,22 @@ class Target(Protocol):
     def reset(self) -> None:
         """Empty the KV cache."""
 
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Make the cache hold exactly ``tokens`` (reusing a common prefix); returns reused count."""
+    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None) -> int:
+        """Make the cache hold exactly ``tokens`` (reusing a common prefix); returns reused count.
+
+        ``stop`` is asked between chunks of the prompt; once it says yes the prefill raises
+        ``Cancelled``, leaving a prefix of ``tokens`` in the cache (a later prefill reuses it)."""
 
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
         """One forward over the root (at position ``n_past``) and every proposal node."""
 
     def commit(self, verdict: Verdict) -> None:
         """Keep the root and the accepted path of the last ``verify``, drop the rest."""
+
+    def extend(self, tokens: Sequence[int]) -> TargetOutput:
+        """Append ``tokens`` to the cache (in as many forwards as ``limits.max_batch`` needs) and
+        return the logits after the last one only: one row, owned by the caller. A draft model
+        catching up with the text needs exactly that."""
 
     def truncate(self, n: int) -> None:
         """Forget positions ``n`` and later."""
@@ -60,4 +73,11 @@ class Drafter(Protocol):
         """Tokens that may follow ``context`` (whose last token is the root)."""
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
-        """Feedback after each verify: adapt lengths, sync a draft model's cache, read hidden states."""
+        """Feedback after each verify that followed this drafter's ``propose``: adapt lengths, sync
+        a draft model's cache, read hidden states."""
+
+    def skipped(self, tokens: Sequence[int]) -> None:
+        """A step went ahead without asking this drafter to propose (a drafter that combines
+        others judged it too dear this time); ``tokens`` is what the step emitted. Keep up with
+        the text (a draft model queues them for its next catch-up); there is nothing to learn, and
+        ``observe`` does not follow."""

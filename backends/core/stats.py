@@ -34,10 +34,13 @@ class StatsRecorder:
         self.prefill_s = seconds
 
     def step(self, verdict: Verdict, emitted: int, *, t_draft: float, t_verify: float, t_accept: float, end: float) -> None:
+        """One step that emitted the first ``emitted`` of ``verdict.tokens``: accepted tokens cut
+        after an EOS token or a stop string were never part of the answer and do not count."""
+        accepted = min(verdict.accepted, emitted)
         self.forwards += 1
         self.new_tokens += emitted
         self.drafted += verdict.drafted
-        self.accepted += verdict.accepted
+        self.accepted += accepted
         self.draft_s += t_draft
         self.verify_s += t_verify
         self.accept_s += t_accept
@@ -48,7 +51,7 @@ class StatsRecorder:
             self.accepted_at.extend([0] * grow)
         for d in range(depth):
             self.drafted_at[d] += 1
-        for d in range(verdict.accepted):
+        for d in range(accepted):
             self.accepted_at[d] += 1
         if self.first_step_end is None:
             self.first_step_end = end

@@ -26,6 +26,10 @@ class TextStream:
         self.stopped = False
 
     @property
+    def stops(self) -> tuple[str, ...]:
+        return self._stop
+
+    @property
     def text(self) -> str:
         """Everything released so far (the final answer once finished)."""
         return self._text[: self._released]

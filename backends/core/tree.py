@@ -83,3 +83,36 @@ def compile_tree(parents: Sequence[int]) -> CompiledTree:
 def is_chain(parents: Sequence[int]) -> bool:
     """True when every node hangs under the previous one: ``[-1, 0, 1, ...]``."""
     return all(parent == i - 1 for i, parent in enumerate(parents))
+
+
+def fit_paths(parents: Sequence[int], max_paths: int, *, order: Sequence[int] | None = None,
+              allowed: Sequence[bool] | None = None) -> list[int]:
+    """The nodes to keep so that the tree has at most ``max_paths`` root-to-leaf paths.
+
+    Nodes are visited in ``order`` (index order by default; parents must come before their
+    children in it), skipping those not ``allowed`` and those whose parent was left out. A node
+    opens a new path unless its parent is kept and still a leaf; once ``max_paths`` paths are
+    open such a node is left out with its subtree, while nodes that extend a path are still kept.
+    Returns the kept nodes in the order visited.
+
+    Example: ``parents = [-1, -1, 0, 0, 2]``, ``max_paths=2``: node 0 opens a path, node 1 a
+    second, node 2 extends node 0's, node 3 would open a third and goes, node 4 extends node 2's:
+    ``[0, 1, 2, 4]``.
+    """
+    kept = [False] * len(parents)
+    has_child = [False] * len(parents)
+    paths = 0
+    out: list[int] = []
+    for i in range(len(parents)) if order is None else order:
+        parent = parents[i]
+        if (allowed is not None and not allowed[i]) or (parent >= 0 and not kept[parent]):
+            continue
+        if parent < 0 or has_child[parent]:
+            if paths >= max_paths:
+                continue
+            paths += 1
+        kept[i] = True
+        if parent >= 0:
+            has_child[parent] = True
+        out.append(i)
+    return out

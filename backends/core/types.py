@@ -6,24 +6,56 @@ See ``backends.core`` for the vocabulary (target p, draft q, root, accepted, bon
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 
-from backends.core.tree import is_chain, tree_depths, validate_parents
+from backends.core.tree import fit_paths, is_chain, tree_depths, validate_parents
 
 # Capabilities: what a drafter requires and what a target offers. Shared code checks these,
 # never a method's name.
 TREE = "tree"  # the target verifies token trees (several branches in one forward)
 HIDDEN_STATES = "hidden_states"  # the target returns hidden states with its logits
+# The target's cache can forget the rejected tokens of a verify exactly. Every drafting method
+# needs it: a recurrent or hybrid model (Mamba, RWKV, LFM2, Granite-H, Qwen3-Next) folds each
+# token into a state it cannot take back, so its speculative output would differ from plain
+# decoding.
+ROLLBACK = "rollback"
+
+NO_LIMIT = 1 << 30  # a limit a target does not have
+
+
+@dataclass(frozen=True)
+class TargetLimits:
+    """What one verify forward of a target can take.
+
+    ``max_batch`` counts rows, the root included (llama.cpp: ``n_batch``); ``max_paths`` counts the
+    root-to-leaf paths of a tree (llama.cpp gives each its own sequence id, at most ``n_seq_max``).
+    Example: with ``TargetLimits(512, 32)`` a proposal may have 511 nodes and 32 leaves.
+    """
+
+    max_batch: int = NO_LIMIT
+    max_paths: int = NO_LIMIT
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_paths < 1:
+            raise ValueError(f"limits must be at least 1, got batch {self.max_batch}, paths {self.max_paths}")
 
 
 @dataclass(frozen=True)
 class Budget:
-    """How much a proposal may hold this step (context room, tokens still wanted)."""
+    """How much a proposal may hold this step: context room and the target's batch (``max_nodes``),
+    tokens still wanted (``max_depth``), the target's sequence limit (``max_paths`` leaves)."""
 
     max_nodes: int
     max_depth: int
+    max_paths: int = NO_LIMIT
+
+    @classmethod
+    def for_step(cls, limits: TargetLimits, *, room: int, wanted: int) -> Budget:
+        """The budget of a step with ``room`` free cache slots after the root and ``wanted`` more
+        tokens to emit (the bonus token is always one of them)."""
+        return cls(max_nodes=min(room, limits.max_batch - 1), max_depth=wanted - 1, max_paths=limits.max_paths)
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,12 +96,26 @@ class Proposal:
         """The draft distribution of ``node`` (``None``: one-hot on its token)."""
         return None if self.draft_probs is None else self.draft_probs[node]
 
-    def pruned(self, budget: Budget) -> Proposal:
-        """The first nodes that fit the budget; parents precede children, so this stays a tree."""
+    def kept(self, budget: Budget) -> list[int]:
+        """The nodes that fit ``budget``, in index order: none deeper than ``max_depth``, at most
+        ``max_paths`` leaves (a node that would open one more path is left out with its subtree,
+        while one that extends a path is kept: a draft model's chain survives, its runner-up leaves
+        go), then the first ``max_nodes``. Each step keeps parents with their children, and a
+        parent-closed part of a tree never has more leaves than the tree, so the result fits.
+
+        Example: parents ``[-1, -1, -1, 0]`` with ``max_paths=2`` keep nodes 0, 1 and 3.
+        """
         if self.size <= budget.max_nodes and (self.size == 0 or self.is_chain and self.size <= budget.max_depth):
-            return self
-        keep = [i for i, d in enumerate(tree_depths(self.parents)) if d <= budget.max_depth]
-        keep = keep[: max(budget.max_nodes, 0)]
+            return list(range(self.size))
+        allowed = tree_depths(self.parents) <= budget.max_depth
+        return fit_paths(self.parents, budget.max_paths, allowed=allowed)[: max(budget.max_nodes, 0)]
+
+    def pruned(self, budget: Budget) -> Proposal:
+        """The tree cut to ``kept(budget)``; parents precede children, so this stays a tree."""
+        return self.subset(self.kept(budget))
+
+    def subset(self, keep: Sequence[int]) -> Proposal:
+        """The nodes ``keep`` (ascending, parents included) as a proposal of their own."""
         if len(keep) == self.size:
             return self
         new_index = {old: new for new, old in enumerate(keep)}
@@ -81,13 +127,49 @@ class Proposal:
 EMPTY_PROPOSAL = Proposal()
 
 
+class StaleLogitsError(RuntimeError):
+    """Logits read after the target's next forward overwrote them (a programming error)."""
+
+
 @dataclass(frozen=True, eq=False)
 class TargetOutput:
-    """What one verify forward returns. Row 0 is the root, row ``i + 1`` is proposal node ``i``."""
+    """What one verify forward returns. Row 0 is the root, row ``i + 1`` is proposal node ``i``.
 
-    logits: np.ndarray  # [1 + n_nodes, vocab] float32
+    Ownership: a backend may hand out its own logits buffer instead of a copy (llama.cpp's is
+    [n_nodes, vocab] float32, 39 MB for 64 nodes of a 152k vocabulary, and copying it every step
+    costs more than the acceptance rule that reads a few rows of it). Such a ``logits`` array is
+    read-only and valid only until the target's next forward; ``fresh`` then says False. Read it
+    through ``row`` and ``argmax``, which check that and raise ``StaleLogitsError`` instead of
+    returning another forward's numbers; ``row`` returns a copy that stays valid. An output whose
+    ``fresh`` is None owns its array (the oracle, tests).
+    """
+
+    logits: np.ndarray  # [1 + n_nodes, vocab] float32, possibly a read-only view (see above)
     hidden: np.ndarray | None = None  # [1 + n_nodes, d_model], only from targets offering HIDDEN_STATES
     seconds: float = 0.0  # wall time of the forward as the target measured it (feeds the cost model)
+    fresh: Callable[[], bool] | None = None  # None: the array is owned; else False once overwritten
+
+    def _check(self) -> None:
+        if self.fresh is not None and not self.fresh():
+            raise StaleLogitsError("these logits were overwritten by a later forward of the target; copy rows "
+                                   "you keep past the step with TargetOutput.row")
+
+    def row(self, i: int) -> np.ndarray:
+        """A copy of row ``i`` ([vocab] float32): the root's for 0, node ``i - 1``'s otherwise."""
+        self._check()
+        return np.array(self.logits[i])
+
+    def top(self, i: int) -> int:
+        """The top token of row ``i``, read in place."""
+        self._check()
+        return int(np.argmax(self.logits[i]))
+
+    def argmax(self, rows: Sequence[int] | None = None) -> np.ndarray:
+        """The top token of each of ``rows`` (all by default), [len(rows)] int64, read in place."""
+        self._check()
+        if rows is None:
+            return np.argmax(self.logits, axis=1)
+        return np.array([np.argmax(self.logits[r]) for r in rows], dtype=np.int64)
 
 
 @dataclass(frozen=True)

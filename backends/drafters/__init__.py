@@ -2,6 +2,8 @@
 
 Front ends list methods, build settings forms from the dataclass fields and grey out methods whose
 ``requires`` a session does not offer; nothing outside this module branches on a method's name.
+Every drafter that proposes tokens also requires ``ROLLBACK`` (its ``Drafter.requires``): the
+session refuses to build one over a target that cannot forget rejected guesses, and says why.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from backends.core.controller import LengthController
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
-from backends.core.types import HIDDEN_STATES, TREE, SamplingSettings
+from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE, SamplingSettings
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
@@ -34,6 +36,8 @@ REQUIREMENT_TEXT = {
     DATASTORE: "a REST datastore built for this model's tokenizer (`specdeck datastore build`)",
     TREE: "a target that verifies token trees",
     HIDDEN_STATES: "a target that returns hidden states",
+    ROLLBACK: "a model whose cache can forget rejected guesses (recurrent and hybrid models such as Mamba, "
+              "RWKV, LFM2, Granite-H and Qwen3-Next cannot: only plain decoding stays exact on them)",
 }
 
 
@@ -56,6 +60,7 @@ class DrafterResources:
     # What drafters learned in earlier answers of this session (acceptance statistics), by key.
     memory: dict = field(default_factory=dict)
     vocab: VocabInfo | None = None  # the target's tokenizer (datastores are checked against it)
+    stop: Callable[[], bool] | None = None  # Stop pressed: long work of a drafter's own (a draft model's prefill) ends
 
 
 TASKS = ("chat", "summarize", "code", "rag")  # the kinds of work the recommender ranks methods for
@@ -116,6 +121,7 @@ def _build_draft(settings: DraftSettings, res: DrafterResources) -> Drafter:
         costs=res.costs(),
         draft_costs=res.draft_costs(),
         stats=res.memory.setdefault(("draft", settings), DraftModelDrafter.new_stats()),
+        stop=res.stop,
     )
 
 

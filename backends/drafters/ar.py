@@ -31,3 +31,6 @@ class ARDrafter:
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         pass
+
+    def skipped(self, tokens: Sequence[int]) -> None:
+        pass

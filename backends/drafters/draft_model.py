@@ -2,7 +2,9 @@
 
 The draft model runs in its own context (any ``Target``: a llama.cpp context, or the oracle in
 tests). Its KV cache follows the committed text lazily: tokens the draft has not seen yet wait in
-``_pending`` and are decoded together, in one forward, at the start of the next proposal.
+``_pending`` and are decoded together at the start of the next proposal (``Target.extend``: in
+chunks the draft's batch holds, with logits for the last token only). The invariant, checked at
+every proposal: the draft's cache followed by ``_pending`` is exactly the context.
 
 Per step: catch up, then draft a chain token by token (each one a draft forward), stopping at the
 length the controller expects to pay off or as soon as the draft's confidence (its top
@@ -17,7 +19,7 @@ After the verdict, the draft keeps the accepted prefix of what it decoded and qu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -26,13 +28,19 @@ from backends.core.costs import CostModel
 from backends.core.protocols import Target
 from backends.core.sampling import make_rng, sample_token, target_distribution
 from backends.core.tree import tree_depths
-from backends.core.types import TREE, Budget, Proposal, SamplingSettings, TargetOutput, Verdict
+from backends.core.types import (EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, SamplingSettings, TargetOutput,
+                                 Verdict)
 
-_TAKE_ALL = Verdict(path=(), tokens=(0,), drafted=0, draft_depth=0)
 # Once drafting cannot pay even if every guess were right (a draft model nearly as slow as its
 # target), the next this many steps skip the controller: its answer cannot change before the
 # catch-up it would need has grown, and asking every step costs 1% of a forward.
 HOPELESS_SKIP = 16
+# A backlog of text the draft has not seen (after steps it did not draft, or was not asked to) is
+# decoded once; the steps after it only catch up on what one step leaves behind (its last drafted
+# token and the bonus). So the backlog is priced as a one-off, spread over the steps it enables,
+# at most this many (the controller's answer is revisited at about that pace anyway).
+ONE_OFF_STEPS = 16
+STEADY_CATCH_UP = 2  # tokens a drafting step leaves for the next catch-up
 
 
 @dataclass(frozen=True)
@@ -51,11 +59,6 @@ class DraftSettings:
             raise ValueError(f"tree_width must be in 1..8, got {self.tree_width}")
 
 
-def _chain_verdict(n: int) -> Verdict:
-    """Commit every node of an ``n``-token chain (the draft's own catch-up)."""
-    return Verdict(path=tuple(range(n)), tokens=(0,) * (n + 1), drafted=n, draft_depth=n)
-
-
 class DraftModelDrafter:
     ask_cost = 2  # each drafted token costs a forward of the draft model (see specinfer)
 
@@ -69,10 +72,13 @@ class DraftModelDrafter:
         costs: CostModel | None = None,
         draft_costs: CostModel | None = None,
         stats: AcceptanceStats | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
+        """``stop`` is asked between the chunks of the draft's own prompt prefill (Stop pressed)."""
         self.draft = draft
+        self._stop = stop
         self.settings = settings or DraftSettings()
-        self.requires = frozenset({TREE}) if self.settings.tree_width > 1 else frozenset()
+        self.requires = frozenset({TREE, ROLLBACK} if self.settings.tree_width > 1 else {ROLLBACK})
         self.sampling = sampling
         self.target_vocab = target_vocab
         self._rng = make_rng(None if sampling.seed is None else sampling.seed + 1)
@@ -87,6 +93,7 @@ class DraftModelDrafter:
         self._decoded: list[int] = []  # chain tokens decoded into the draft during the last proposal
         self._base = 0  # draft n_past before those
         self._hopeless = 0
+        self._off = False  # this answer's prompt does not fit the draft's context: no drafting
 
     @staticmethod
     def new_stats() -> AcceptanceStats:
@@ -95,44 +102,59 @@ class DraftModelDrafter:
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._hopeless = 0  # steps left to skip the controller (see HOPELESS_SKIP)
-        self.draft.prefill(prompt[:-1])
-        self._pending = [prompt[-1]]
         self._decoded = []
+        self._off = len(prompt) >= self.draft.n_ctx
+        if self._off:  # a draft context shorter than the target's: this answer goes undrafted
+            self._pending = []
+            return
+        self.draft.prefill(prompt[:-1], stop=self._stop)
+        self._pending = [prompt[-1]]
         self._base = self.draft.n_past
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
-        room = self.draft.n_ctx - self.draft.n_past - len(self._pending)
-        length = min(self.settings.max_draft, budget.max_depth, budget.max_nodes, room)
         self._context_len = len(context)
         self._decoded = []
+        if self._off:
+            return EMPTY_PROPOSAL
+        self._check_in_step(context)
         self._base = self.draft.n_past
+        length = min(self.settings.max_draft, budget.max_depth, budget.max_nodes, self.draft.n_ctx - len(context))
         if self.settings.adaptive and length > 0:
             if self._hopeless > 0:
                 self._hopeless -= 1
-                return Proposal()
-            length = self._choose_length(length, len(context))
+                return EMPTY_PROPOSAL
+            length = self._choose_length(length, len(context), steps_left=budget.max_depth)
         if length <= 0:
-            return Proposal()
+            return EMPTY_PROPOSAL
         return self._draft_tree(self._catch_up(), list(context), length, budget.max_nodes)
 
-    def _choose_length(self, available: int, context: int) -> int:
+    def _check_in_step(self, context: Sequence[int]) -> None:
+        """The draft's cache and the tokens waiting for it must be exactly the context (O(1))."""
+        if self.draft.n_past + len(self._pending) != len(context):
+            raise RuntimeError(f"the draft model is out of step with the text: its cache holds {self.draft.n_past} "
+                               f"tokens and {len(self._pending)} wait, but the context has {len(context)}")
+
+    def _choose_length(self, available: int, context: int, *, steps_left: int = ONE_OFF_STEPS) -> int:
         """The controller's choice, priced with this draft's costs: one forward per drafted token
-        after the first, and a catch-up forward over every token the draft has not seen yet
-        (after a stretch without drafting that is a small prefill, not a single token)."""
+        after the first, the catch-up every drafting step needs (``STEADY_CATCH_UP`` tokens), and
+        a backlog beyond that as a one-off spread over the steps it enables (at most
+        ``ONE_OFF_STEPS``, and no more than ``steps_left``: an answer about to end cannot pay
+        back a long catch-up).
+
+        Example: a 30-token backlog costing 3 forwards is charged 3 forwards to a step that ends
+        the answer but 0.175 per step over 16 steps, on top of the 0.1 of a steady catch-up.
+        """
         target_s = self.controller.costs.seconds(0, context)
         per_token = self.draft_costs.seconds(0, context) / target_s
-        catch_up = self._catch_up_seconds(len(self._pending), context) / target_s
-        prices = dict(context=context, draft_cost=per_token, fixed_cost=catch_up - per_token)
+        n = len(self._pending)
+        steady = self.draft_costs.batch_seconds(min(n, STEADY_CATCH_UP), context) / target_s
+        one_off = self.draft_costs.batch_seconds(n, context) / target_s - steady
+        horizon = max(1, min(ONE_OFF_STEPS, steps_left))
+        prices = dict(context=context, draft_cost=per_token, fixed_cost=steady - per_token + one_off / horizon)
         length = self.controller.choose(available, **prices)
         if length == 0 and not self.controller.can_pay(available, **prices):
             self._hopeless = HOPELESS_SKIP
         return length
-
-    def _catch_up_seconds(self, n: int, context: int) -> float:
-        k = n - 1
-        if k <= self.draft_costs.k_max:
-            return self.draft_costs.seconds(k, context)
-        return self.draft_costs.seconds(self.draft_costs.k_max, context) * n / (self.draft_costs.k_max + 1)
 
     def _draft_tree(self, row: np.ndarray, history: list[int], length: int, max_nodes: int) -> Proposal:
         """A chain of up to ``length`` draft tokens (plus runner-up leaves when tree_width > 1)."""
@@ -176,6 +198,8 @@ class DraftModelDrafter:
         return probs
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        if self._off:
+            return
         self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)
         if verdict.drafted:
             self.controller.update(verdict.draft_depth, verdict.accepted)
@@ -188,21 +212,26 @@ class DraftModelDrafter:
         self._pending.append(verdict.bonus)
         self._decoded = []
 
+    def skipped(self, tokens: Sequence[int]) -> None:
+        """Not asked this step: the emitted tokens join the backlog, the cache stays as it is."""
+        if not self._off:
+            self._pending.extend(tokens)
+        self._decoded = []
+
     # -- draft model steps ---------------------------------------------------------------------
     def _catch_up(self) -> np.ndarray:
-        """Decode every pending token in one forward; the draft's logits for the next token."""
-        root, rest = self._pending[0], self._pending[1:]
-        out = self.draft.verify(root, Proposal.chain(rest))
-        self.draft_costs.observe(len(rest), self._context_len, out.seconds)
-        self.draft.commit(_chain_verdict(len(rest)))
+        """Decode every pending token; the draft's logits for the next token ([vocab])."""
+        n = len(self._pending)
+        out = self.draft.extend(self._pending)
+        if n <= self.draft.limits.max_batch:  # one forward: a point on the draft's cost curve
+            self.draft_costs.observe(n - 1, self._context_len, out.seconds)
         self._pending = []
         self._base = self.draft.n_past
-        return out.logits[-1]
+        return out.logits[0]
 
     def _advance(self, token: int, context: int) -> np.ndarray:
-        out = self.draft.verify(token, Proposal())
+        out = self.draft.extend([token])
         self.draft_costs.observe(0, context, out.seconds)
-        self.draft.commit(_TAKE_ALL)
         self._decoded.append(token)
         return out.logits[0]
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from backends.core.controller import Bandit, cost_at
 from backends.core.costs import CostModel
-from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.specinfer import merge
 
 
@@ -131,7 +131,7 @@ def default_shapes(settings: LookaheadSettings) -> list[tuple[int, int]]:
 
 
 class LookaheadDrafter:
-    requires: frozenset[str] = frozenset({TREE})
+    requires: frozenset[str] = frozenset({TREE, ROLLBACK})
     ask_cost = 0  # pool lookups; its Jacobi window rides in the verify forward
 
     def __init__(self, settings: LookaheadSettings | None = None, *, costs: CostModel | None = None,
@@ -156,6 +156,9 @@ class LookaheadDrafter:
 
     # -- propose ---------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
+        if self._base != len(context):  # a step went by without this drafter (see ``skipped``)
+            self._base = len(context)
+            self._window = self._fill({}, context, len(context))
         self._context_len = len(context)
         self._pool.add_text(context, self._seen)
         self._seen = len(context)
@@ -168,6 +171,7 @@ class LookaheadDrafter:
             self._look_nodes = ()
             return EMPTY_PROPOSAL
         window = list(self._window[: min(w, budget.max_depth)])
+        g = min(g, budget.max_paths - (1 if window else 0))  # one sequence per branch
         cands = [c[: budget.max_depth] for c in self._pool.candidates(context[-1], g)] if budget.max_depth else []
         self._inputs.append({len(context) - 1: int(context[-1]), **{self._base + i: t for i, t in enumerate(window)}})
         tree = merge([Proposal.chain(window)] + [Proposal.chain(c) for c in cands])
@@ -192,12 +196,17 @@ class LookaheadDrafter:
         self._base = new_len
         self._window = self._fill(predictions, history, new_len)
 
+    def skipped(self, tokens: Sequence[int]) -> None:
+        """Not asked this step: the Jacobi trajectory breaks; the next proposal starts a window."""
+        self._inputs.clear()
+        self._look_nodes = ()
+
     def _predictions(self, out: TargetOutput) -> dict[int, int]:
         """Jacobi: the target's next token after each lookahead node, by context index."""
         rows = [1 + node for node in self._look_nodes]
         if not rows:
             return {}
-        best = np.argmax(out.logits[rows], axis=1)  # [w]
+        best = out.argmax(rows)  # [w]
         return {self._base + i + 1: int(t) for i, t in enumerate(best)}
 
     def _collect(self, predictions: dict[int, int]) -> None:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from backends.core.controller import AcceptanceStats, LengthController, ShadowLedger, chain_path_probs
 from backends.core.costs import CostModel
-from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
+from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, Budget, Proposal, TargetOutput, Verdict
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class PLDDrafter:
     answer starts from what the previous ones taught.
     """
 
-    requires: frozenset[str] = frozenset()
+    requires: frozenset[str] = frozenset({ROLLBACK})  # a rejected guess must leave the cache
     ask_cost = 0  # a dictionary lookup (see specinfer)
 
     @staticmethod
@@ -177,3 +177,6 @@ class PLDDrafter:
         if verdict.drafted:
             self.controller.update(verdict.drafted, verdict.accepted, bucket=self._bucket)
             self._hot = verdict.accepted > 0
+
+    def skipped(self, tokens: Sequence[int]) -> None:
+        """Nothing to do: the index follows the context at the next proposal."""

@@ -42,7 +42,8 @@ import numpy as np
 
 from backends.core.controller import Bandit, TreeLedger, TreeSizer, cost_at
 from backends.core.costs import CostModel
-from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.core.tree import fit_paths
+from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.pld import PLDDrafter
 from backends.models.datastore import DATASTORE_FILE, Continuations, Datastore
 
@@ -98,14 +99,26 @@ class RankedTree:
     def proposal(self, n: int) -> Proposal:
         return Proposal(tuple(int(t) for t in self.tokens[:n]), tuple(int(p) for p in self.parents[:n]))
 
+    def within_paths(self, max_paths: int) -> RankedTree:
+        """The ranking less the nodes that would open more than ``max_paths`` root-to-leaf paths
+        (the target's sequence limit), still best first with parents before children."""
+        keep = fit_paths(self.parents.tolist(), max_paths)
+        if len(keep) == len(self.tokens):
+            return self
+        new_index = np.full(len(self.tokens) + 1, -1, dtype=np.int32)
+        new_index[keep] = np.arange(len(keep), dtype=np.int32)
+        parents = np.where(self.parents[keep] < 0, -1, new_index[self.parents[keep]]).astype(np.int32)
+        return RankedTree(self.tokens[keep], parents, self.probs[keep], self.bucket)
+
 
 def match_class(matched: int) -> int:
     """Buckets of matched suffix length: 0 (none), 1, 2, 3, 4-7, 8-15, 16+."""
     return matched if matched < 4 else 4 if matched < 8 else 8 if matched < 16 else 16
 
 
-def rank(cont: Continuations, max_depth: int) -> RankedTree:
-    """Order trie nodes by share, parents first; drop nodes deeper than ``max_depth``.
+def rank(cont: Continuations, max_depth: int, top: int | None = None) -> RankedTree:
+    """Order trie nodes by share, parents first; drop nodes deeper than ``max_depth``; keep the
+    first ``top`` (all by default).
 
     A child never has a larger count than its parent, and ties keep breadth-first order, so a
     stable sort by count puts every parent before its children. The share is ``count / (total +
@@ -115,7 +128,7 @@ def rank(cont: Continuations, max_depth: int) -> RankedTree:
     for i, parent in enumerate(cont.parents):
         depth[i] = 1 if parent < 0 else depth[parent] + 1
     keep = np.flatnonzero(depth <= max_depth)
-    order = keep[np.argsort(-cont.counts[keep], kind="stable")]
+    order = keep[np.argsort(-cont.counts[keep], kind="stable")][:top]
     new_index = np.full(len(cont.tokens) + 1, -1, dtype=np.int32)
     new_index[order] = np.arange(len(order), dtype=np.int32)
     parents = np.where(cont.parents[order] < 0, -1, new_index[cont.parents[order]])
@@ -124,7 +137,7 @@ def rank(cont: Continuations, max_depth: int) -> RankedTree:
 
 
 class RESTDrafter:
-    requires: frozenset[str] = frozenset({TREE})
+    requires: frozenset[str] = frozenset({TREE, ROLLBACK})
     ask_cost = 1  # a lookup is a few binary searches: no forward, but not free (see specinfer)
 
     def __init__(self, store: Datastore, settings: RESTSettings | None = None, *, costs: CostModel | None = None,
@@ -158,8 +171,9 @@ class RESTDrafter:
         self._match: tuple[int, int] | None = None  # (longest match length, context length) of the last lookup
         self._lookup_s: float | None = None  # seconds the last step's lookup took (None: no lookup)
 
-    def lookup(self, context: Sequence[int]) -> RankedTree:
-        """The ranked continuations of the longest suffix of ``context`` found in the datastore.
+    def lookup(self, context: Sequence[int], *, top: int | None = None) -> RankedTree:
+        """The ranked continuations of the longest suffix of ``context`` found in the datastore,
+        the ``top`` best of them (all by default): only those are built and ranked.
 
         A suffix that matches now extends one that matched before, so the longest match can be
         at most the previous one plus the tokens appended since: the search for its length starts
@@ -168,9 +182,9 @@ class RESTDrafter:
         s = self.settings
         bound = s.max_match if self._match is None else self._match[0] + len(context) - self._match[1]
         cont = self.store.continuations(context, max_len=min(s.max_match, bound), min_len=s.min_match,
-                                        depth=s.max_depth, samples=s.samples)
+                                        depth=s.max_depth, samples=s.samples, top=top)
         self._match = (cont.matched or s.min_match - 1, len(context))
-        return rank(cont, s.max_depth)
+        return rank(cont, s.max_depth, top)
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._context_len = len(context)
@@ -196,7 +210,9 @@ class RESTDrafter:
         return proposal
 
     def _propose(self, context: Sequence[int], budget: Budget) -> Proposal:
-        tree = self.lookup(context)
+        if budget.max_nodes <= 0 or budget.max_depth <= 0:
+            return EMPTY_PROPOSAL
+        tree = self.lookup(context, top=min(self.settings.max_nodes, budget.max_nodes)).within_paths(budget.max_paths)
         limit = min(len(tree.tokens), self.settings.max_nodes, budget.max_nodes)
         if limit == 0 or budget.max_depth <= 0:
             return EMPTY_PROPOSAL
@@ -230,3 +246,9 @@ class RESTDrafter:
             self.gate.update(DATASTORE, verdict.accepted + 1, cost)
         # The conversation proposed nothing, so it has nothing to learn here: its index follows
         # the text and its withheld guesses are scored when it next proposes.
+
+    def skipped(self, tokens: Sequence[int]) -> None:
+        """Not asked this step: no lookup happened, so the gate books none; the ledgers and the
+        conversation's index follow the context at the next proposal."""
+        self._lookup_s = None
+        self._from_conversation = False

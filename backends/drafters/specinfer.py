@@ -18,7 +18,9 @@ rejected sampled candidate still changes the residual), so it stays a separate s
 
 Feedback. Each sub-drafter sees the verdict projected onto its own proposal: the part of the
 accepted path that runs through its nodes, and the tokens the step emitted (a draft model's cache
-must follow the text, whoever guessed it). The verify time is folded into the shared cost model
+must follow the text, whoever guessed it). A sub-drafter that was not asked this step (a costly
+one, while the free ones were confident) is told so with ``skipped``: it only follows the text,
+since it has no proposal to learn from. The verify time is folded into the shared cost model
 once, with the merged tree's size, not once per sub-drafter.
 
 Example: pld proposes ``the cat sat``, draft proposes ``the dog``: the tree is
@@ -36,7 +38,7 @@ import numpy as np
 from backends.core.controller import TreeSizer
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
-from backends.core.tree import tree_depths
+from backends.core.tree import fit_paths, tree_depths
 from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.models.datastore import DATASTORE_FILE
 
@@ -174,6 +176,7 @@ class SpecInferDrafter:
         # nothing, never learn again.
         self.sizer = sizer or TreeSizer(self.costs, max_nodes=64, prior=1.0)
         self._last: list[Proposal] = []
+        self._asked: list[bool] = []  # per sub-drafter: was it asked to propose this step?
         self._maps: tuple[tuple[int, ...], ...] = ()
         self._context_len = 0
 
@@ -185,13 +188,12 @@ class SpecInferDrafter:
         if len(self.drafters) == 1:  # nothing to merge: it drafts, and learns, as if alone
             return self.drafters[0].propose(context, budget)
         self._context_len = len(context)
-        self._last = []
+        self._last, self._asked = [], []
         confident = 0.0
         for drafter in self.drafters:
-            if _ask_cost(drafter) > 0 and confident >= self.CONFIDENT:
-                self._last.append(EMPTY_PROPOSAL)
-                continue
-            prop = drafter.propose(context, budget).pruned(budget)
+            asked = not (_ask_cost(drafter) > 0 and confident >= self.CONFIDENT)
+            prop = drafter.propose(context, budget).pruned(budget) if asked else EMPTY_PROPOSAL
+            self._asked.append(asked)
             self._last.append(prop)
             estimate = getattr(drafter, "path_probs", None)
             if prop.size and estimate is not None and _ask_cost(drafter) == 0:
@@ -203,7 +205,10 @@ class SpecInferDrafter:
             return live[0] if live else EMPTY_PROPOSAL
         tree = merge(self._last)
         probs = merged_path_probs(self.drafters, self._last, tree)
-        ranked = np.argsort(-probs, kind="stable")[: budget.max_nodes]  # parents rank before children
+        ranked = np.argsort(-probs, kind="stable")  # parents rank before children
+        # the target's sequence limit: a node that would open one path too many goes, with its subtree
+        ranked = np.asarray(fit_paths(tree.proposal.parents, budget.max_paths, order=ranked.tolist()), dtype=np.int64)
+        ranked = ranked[: budget.max_nodes]
         n = self.sizer.choose(probs[ranked], context=len(context)) if len(ranked) else 0
         chosen = select(tree, ranked[:n].tolist())
         self._maps = chosen.maps
@@ -215,8 +220,15 @@ class SpecInferDrafter:
             return
         self.costs.observe(verdict.drafted, self._context_len, out.seconds)
         quiet = replace(out, seconds=0.0)  # timed once above, with the merged size
-        for drafter, prop, mapping in zip(self.drafters, self._last, self._maps):
-            drafter.observe(quiet, project(verdict, prop, mapping))
+        for drafter, prop, mapping, asked in zip(self.drafters, self._last, self._maps, self._asked):
+            if asked:
+                drafter.observe(quiet, project(verdict, prop, mapping))
+            else:
+                drafter.skipped(verdict.tokens)
+
+    def skipped(self, tokens: Sequence[int]) -> None:
+        for drafter in self.drafters:
+            drafter.skipped(tokens)
 
 
 def _ask_cost(drafter: Drafter) -> int:

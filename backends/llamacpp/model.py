@@ -17,7 +17,13 @@ from pathlib import Path
 from backends.core.errors import BackendError, Cancelled, ModelFileError
 from backends.models.chat import ChatFormat, Message
 from backends.models.gguf_info import VocabInfo, check_gguf_file
-from backends.models.llama_lib import llama, recent_errors
+from backends.models.llama_lib import failure_reason, llama, recent_errors
+
+
+# llama_ftype values (llama.h) of the weight types SpecDeck meets, by the names quantize uses.
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+              12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+              32: "BF16"}
 
 
 class LlamaModel:
@@ -47,7 +53,7 @@ class LlamaModel:
         if not model and cancelled:
             raise Cancelled(f"loading {self.path.name} was cancelled")
         if not model:
-            reason = "; ".join(recent_errors) or "llama.cpp gave no reason"
+            reason = failure_reason()
             raise ModelFileError(f"llama.cpp could not load {self.path}: {reason}")
         self.ptr = model
         self.vocab_ptr = lib.llama_model_get_vocab(model)
@@ -93,6 +99,32 @@ class LlamaModel:
     @cached_property
     def size_bytes(self) -> int:
         return int(llama().llama_model_size(self.ptr))
+
+    @cached_property
+    def is_recurrent(self) -> bool:
+        """Mamba, RWKV and the like: a state per sequence instead of a cache of positions."""
+        return bool(llama().llama_model_is_recurrent(self.ptr))
+
+    @cached_property
+    def is_hybrid(self) -> bool:
+        """Attention layers next to recurrent ones (LFM2, Granite-H, Qwen3-Next)."""
+        return bool(llama().llama_model_is_hybrid(self.ptr))
+
+    @property
+    def can_roll_back(self) -> bool:
+        """Whether a context over this model can forget its last positions (speculation needs it)."""
+        return not (self.is_recurrent or self.is_hybrid)
+
+    @cached_property
+    def n_swa(self) -> int:
+        """The sliding window of its sliding-window layers, 0 when it has none (Gemma 3: 512)."""
+        return int(llama().llama_model_n_swa(self.ptr))
+
+    @cached_property
+    def weight_type(self) -> str:
+        """The file's weight type as llama.cpp's quantize tool names it ("F16", "Q4_1", "Q4_K_M" ...)."""
+        file_type = self.meta("general.file_type")
+        return FILE_TYPES.get(int(file_type), f"type {file_type}") if file_type and file_type.isdigit() else "unknown"
 
     @cached_property
     def eog_ids(self) -> frozenset[int]:

@@ -12,7 +12,16 @@ caches a token cannot belong to several sequences.
 Commit keeps the accepted path. For a chain that is ``seq_rm(0, n_past + 1 + accepted, -1)``;
 for a tree, ``seq_keep(b)`` for a path ``b`` through the last accepted node, ``seq_rm`` of its
 rejected tail, then the survivors move back to sequence 0. Rollback this way is exact: llama.cpp
-re-decodes the same logits afterwards.
+re-decodes the same logits afterwards. Every rollback is checked (``seq_rm``'s result, then the
+positions sequence 0 still holds, which also catches a sliding-window cache that no longer has
+the window a position needs) and a failed one raises: it would otherwise make speculative output
+differ from plain decoding without a word. Recurrent and hybrid models (Mamba, RWKV, LFM2,
+Granite-H, Qwen3-Next) fold every token into a state that cannot be taken back, so they offer
+neither trees nor rollback, and the registry offers them plain decoding only.
+
+Logits. ``verify`` hands out llama.cpp's own logits buffer, read-only, instead of copying
+[n_nodes, vocab] float32 every step; it stays valid until this context's next decode, and the
+``TargetOutput`` says when it no longer is (see ``backends.core.types.TargetOutput``).
 """
 
 from __future__ import annotations
@@ -20,13 +29,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.errors import BackendError
+from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import TREE, Proposal, TargetOutput, Verdict
+from backends.core.types import ROLLBACK, TREE, Proposal, TargetLimits, TargetOutput, Verdict
 from backends.llamacpp.model import LlamaModel
 from backends.models.llama_lib import llama, recent_errors
 
@@ -43,10 +52,16 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def offers_for(*, recurrent: bool, hybrid: bool) -> frozenset[str]:
+    """What a context over such a model offers: trees and rollback need a cache that can forget
+    positions, which a recurrent state (recurrent and hybrid models alike) cannot."""
+    return frozenset() if recurrent or hybrid else frozenset({TREE, ROLLBACK})
+
+
 class LlamaTarget:
     """One llama.cpp context over a loaded model; implements the engine's target protocol."""
 
-    offers = frozenset({TREE})
+    offers = offers_for(recurrent=False, hybrid=False)  # a transformer's; an instance says its own
 
     def __init__(
         self,
@@ -87,6 +102,10 @@ class LlamaTarget:
         self.n_batch = n_batch
         self.n_threads = threads
         self.max_tree_paths = max_tree_paths
+        self.offers = offers_for(recurrent=model.is_recurrent, hybrid=model.is_hybrid)
+        self.limits = TargetLimits(max_batch=n_batch, max_paths=max_tree_paths)
+        self._n_swa = model.n_swa  # sliding window of the SWA layers (0: none)
+        self._decodes = 0  # counts forwards: a TargetOutput's logits are valid while it stands still
         self.n_vocab = model.n_vocab
         self.eog_ids = model.eog_ids
         self.token_piece = model.token_piece
@@ -100,6 +119,7 @@ class LlamaTarget:
     def close(self) -> None:
         lib = llama()
         if getattr(self, "ctx", None):
+            self._decodes += 1  # logits handed out point into the context being freed
             lib.llama_batch_free(self._batch)
             lib.llama_free(self.ctx)
             self.ctx = None
@@ -134,35 +154,85 @@ class LlamaTarget:
         self._tokens = []
 
     def truncate(self, n: int) -> None:
-        """Forget everything from position ``n`` on."""
+        """Forget everything from position ``n`` on; raises ``BackendError`` when the cache cannot
+        (a recurrent state, or a sliding window that no longer holds what position ``n`` needs),
+        after emptying it, so that nothing runs on a cache that is not what it claims to be."""
         if n >= len(self._tokens):
             return
-        if not llama().llama_memory_seq_rm(self.mem, 0, n, -1):
-            self.reset()  # a sliding-window cache cannot cut deep into its past: start over
-            return
-        del self._tokens[n:]
+        if not self._forget(n):
+            held = len(self._tokens)
+            self.reset()
+            raise BackendError(f"llama.cpp could not roll its cache back from {held} to {n} tokens "
+                               "(the cache was emptied)")
 
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Bring the cache to exactly ``tokens``, reusing the common prefix; returns reused count."""
+    def _forget(self, n: int) -> bool:
+        """Remove positions ``n`` and later; whether the cache now holds exactly what attention
+        at position ``n`` needs."""
+        if not llama().llama_memory_seq_rm(self.mem, 0, n, -1):
+            return False
+        del self._tokens[n:]
+        return self._holds(n)
+
+    def _holds(self, n: int) -> bool:
+        """Sequence 0 holds positions ``n - 1`` back to the start (or, with a sliding window, to
+        the window's start): two O(1) queries."""
+        lib = llama()
+        if n == 0:
+            return lib.llama_memory_seq_pos_max(self.mem, 0) < 0
+        need = max(0, n - self._n_swa) if self._n_swa > 0 else 0
+        pos_min = lib.llama_memory_seq_pos_min(self.mem, 0)
+        return lib.llama_memory_seq_pos_max(self.mem, 0) == n - 1 and 0 <= pos_min <= need
+
+    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None) -> int:
+        """Bring the cache to exactly ``tokens``, reusing the common prefix; returns reused count.
+
+        A prefix the cache cannot be cut back to (a sliding window that moved past it, a recurrent
+        state) is computed again from the start. ``stop`` is asked before every chunk of
+        ``n_batch`` tokens; a yes raises ``Cancelled`` with the chunks so far kept."""
         tokens = list(tokens)
+        if len(tokens) > self.n_ctx:
+            raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
         common = 0
         limit = min(len(tokens), len(self._tokens))
         while common < limit and tokens[common] == self._tokens[common]:
             common += 1
-        self.truncate(common)
+        if common < len(self._tokens) and not self._forget(common):
+            self.reset()
         reused = len(self._tokens)
-        if len(tokens) > self.n_ctx:
-            raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
-        for start in range(reused, len(tokens), self._capacity):
+        self._decode_chunks(tokens[reused:], last_logits=False, stop=stop)
+        return reused
+
+    def extend(self, tokens: Sequence[int]) -> TargetOutput:
+        """Append ``tokens`` in chunks of ``n_batch``; the logits after the last one (a copy, [1, vocab])."""
+        start = time.perf_counter()
+        if not tokens:
+            raise ValueError("extend needs at least one token")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise BackendError(f"the context is full ({self.n_ctx} tokens)")
+        last = self._decode_chunks(list(tokens), last_logits=True)
+        row = np.ctypeslib.as_array(llama().llama_get_logits_ith(self.ctx, last), shape=(1, self.n_vocab))
+        return TargetOutput(logits=row.copy(), seconds=time.perf_counter() - start)
+
+    def _decode_chunks(self, tokens: list[int], *, last_logits: bool, stop: Callable[[], bool] | None = None) -> int:
+        """Decode ``tokens`` after the cache, ``n_batch`` at a time, logits for the very last one
+        only when asked; returns that token's row in the last batch."""
+        row = 0
+        for start in range(0, len(tokens), self._capacity):
+            if stop is not None and stop():
+                raise Cancelled(f"stopped after {start} of {len(tokens)} prompt tokens")
             chunk = tokens[start : start + self._capacity]
-            self._fill_chain(chunk, start, want_logits=False)
+            self._fill_chain(chunk, self.n_past, want_logits=False)
+            row = len(chunk) - 1
+            if last_logits and start + len(chunk) == len(tokens):
+                self._out[row] = 1
             self._decode(len(chunk))
             self._tokens.extend(chunk)
-        return reused
+        return row
 
     # -- verify / commit -----------------------------------------------------------------------
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
-        """Decode the root and the whole proposal in one ``llama_decode``; logits for every node."""
+        """Decode the root and the whole proposal in one ``llama_decode``; logits for every node,
+        in llama.cpp's buffer (read-only, valid until the next decode)."""
         start = time.perf_counter()
         n = 1 + proposal.size
         if n > self._capacity:
@@ -182,8 +252,11 @@ class LlamaTarget:
                     llama().llama_memory_seq_rm(self.mem, s, -1, -1)
             raise
         self._pending = (root, list(proposal.tokens), paths)
-        logits = np.ctypeslib.as_array(llama().llama_get_logits(self.ctx), shape=(n, self.n_vocab))
-        return TargetOutput(logits=logits.copy(), seconds=time.perf_counter() - start)  # [1 + n_nodes, vocab]
+        logits = np.ctypeslib.as_array(llama().llama_get_logits(self.ctx), shape=(n, self.n_vocab))  # [1 + n, vocab]
+        logits.flags.writeable = False
+        decodes = self._decodes
+        return TargetOutput(logits=logits, seconds=time.perf_counter() - start,
+                            fresh=lambda: self._decodes == decodes)
 
     def commit(self, verdict: Verdict) -> None:
         """Keep the root and the accepted path; drop every other node of the last verify."""
@@ -194,18 +267,24 @@ class LlamaTarget:
         lib = llama()
         base = self.n_past
         keep = base + 1 + len(verdict.path)
+        removed = True
         if paths is None:
-            lib.llama_memory_seq_rm(self.mem, 0, keep, -1)
+            if keep < base + 1 + len(tokens):
+                removed = lib.llama_memory_seq_rm(self.mem, 0, keep, -1)
         else:
             last = verdict.path[-1] if verdict.path else None
             seq = 0 if last is None else next(s for s, p in enumerate(paths) if last in p)
             lib.llama_memory_seq_keep(self.mem, seq)
-            lib.llama_memory_seq_rm(self.mem, seq, keep, -1)
+            removed = lib.llama_memory_seq_rm(self.mem, seq, keep, -1)
             if seq != 0:
                 lib.llama_memory_seq_cp(self.mem, seq, 0, -1, -1)
-                lib.llama_memory_seq_rm(self.mem, seq, -1, -1)
+                removed = lib.llama_memory_seq_rm(self.mem, seq, -1, -1) and removed
         self._tokens.append(root)
         self._tokens.extend(tokens[i] for i in verdict.path)
+        if not (removed and self._holds(keep)):
+            self.reset()
+            raise BackendError(f"llama.cpp could not drop the {len(tokens) - len(verdict.path)} rejected tokens "
+                               "of this step (the cache was emptied)")
 
     # -- batch filling -------------------------------------------------------------------------
     def _restore_seq_rows(self) -> None:
@@ -231,6 +310,10 @@ class LlamaTarget:
         lib = llama()
         for s in range(1, len(paths)):
             lib.llama_memory_seq_cp(self.mem, 0, s, -1, -1)
+            if self.n_past and lib.llama_memory_seq_pos_max(self.mem, s) != self.n_past - 1:
+                for t in range(1, s + 1):
+                    lib.llama_memory_seq_rm(self.mem, t, -1, -1)
+                raise BackendError(f"llama.cpp could not share the cached prefix with tree path {s}")
         n = 1 + proposal.size
         self._tok[0] = root
         self._tok[1:n] = proposal.tokens
@@ -249,6 +332,7 @@ class LlamaTarget:
         return paths
 
     def _decode(self, n: int) -> None:
+        self._decodes += 1  # from here on the previous forward's logits buffer may be overwritten
         recent_errors.clear()
         rc = llama().llama_decode(self.ctx, self._batch)
         if rc != 0:

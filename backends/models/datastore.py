@@ -277,11 +277,12 @@ class Datastore:
         return best
 
     def continuations(self, context: Sequence[int], *, max_len: int = 16, min_len: int = 2, depth: int = 8,
-                      samples: int = 256) -> Continuations:
+                      samples: int = 256, top: int | None = None) -> Continuations:
         """The trie of up to ``depth`` tokens that followed the longest matching suffix.
 
         At most ``samples`` occurrences are read, evenly spaced over the range (still in sorted
-        order), so a very common suffix costs no more than a rare one.
+        order), so a very common suffix costs no more than a rare one. With ``top``, only nodes
+        that may rank among the ``top`` most frequent are built (see ``_trie``).
         """
         m, lo, hi = self.longest_match(context, max_len=max_len, min_len=min_len)
         if m == 0:
@@ -292,13 +293,22 @@ class Datastore:
         cont = np.asarray(self.tokens[idx])  # [S, depth]
         ended = np.maximum.accumulate((cont < 0) | (starts[:, None] + np.arange(depth) >= len(self.tokens)), axis=1)
         cont = np.where(ended, -1, cont)
-        return _trie(cont, m)
+        return _trie(cont, m, top)
 
 
-def _trie(cont: np.ndarray, matched: int) -> Continuations:
-    """Count every prefix of the sorted continuation rows (one run of equal prefixes per node)."""
+def _trie(cont: np.ndarray, matched: int, top: int | None = None) -> Continuations:
+    """Count every prefix of the sorted continuation rows (one run of equal prefixes per node).
+
+    ``top``: REST verifies at most 16 nodes, but 256 sampled rows of depth 8 make up to 2,048.
+    A child never occurs more often than its parent, so once ``top`` nodes are known, a node
+    rarer than the ``top``-th most frequent so far can never rank among the ``top`` (the
+    threshold only rises), nor can anything below it: such runs are left out, level by level.
+    Among equal counts the earlier node ranks first, so the ``top`` best of the result are
+    exactly those of the full trie.
+    """
     n_rows, depth = cont.shape
-    tokens, parents, counts = [], [], []
+    tokens, parents, counts = [], [], []  # one array per level
+    n_nodes, threshold = 0, 0
     prev_ids = np.full(n_rows, -1, dtype=np.int64)  # node id of each row's prefix at depth d - 1
     changed = np.zeros(max(n_rows - 1, 0), dtype=bool)
     for d in range(depth):
@@ -306,18 +316,24 @@ def _trie(cont: np.ndarray, matched: int) -> Continuations:
         run_start = np.concatenate(([0], np.flatnonzero(changed) + 1))
         run_len = np.diff(np.concatenate((run_start, [n_rows])))
         run_of_row = np.repeat(np.arange(len(run_start)), run_len)
-        live = cont[run_start, d] >= 0
+        parent = prev_ids[run_start]
+        live = (cont[run_start, d] >= 0) & ((parent >= 0) | (d == 0)) & (run_len >= threshold)
         ids = np.full(len(run_start), -1, dtype=np.int64)
-        ids[live] = len(tokens) + np.arange(int(live.sum()))
-        for r in np.flatnonzero(live):
-            tokens.append(int(cont[run_start[r], d]))
-            parents.append(int(prev_ids[run_start[r]]))
-            counts.append(int(run_len[r]))
+        ids[live] = n_nodes + np.arange(int(live.sum()))
+        tokens.append(cont[run_start[live], d])
+        parents.append(parent[live])
+        counts.append(run_len[live])
+        n_nodes += int(live.sum())
+        if top is not None and 0 < top <= n_nodes:
+            every = np.concatenate(counts)
+            threshold = int(np.partition(every, n_nodes - top)[n_nodes - top])  # the top-th largest
         prev_ids = ids[run_of_row]
         if not live.any():
             break
-    return Continuations(np.asarray(tokens, np.int32), np.asarray(parents, np.int32),
-                         np.asarray(counts, np.int32), n_rows, matched)
+    if not tokens:
+        return Continuations(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32), n_rows, matched)
+    return Continuations(np.concatenate(tokens).astype(np.int32), np.concatenate(parents).astype(np.int32),
+                         np.concatenate(counts).astype(np.int32), n_rows, matched)
 
 
 def _read_header(path: Path) -> tuple[dict, int]:
