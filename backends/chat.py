@@ -4,7 +4,9 @@ Each answer is followed by a stats line: method, decode tokens/s (time to first 
 acceptance rate, tau, time to first token. Ctrl+C stops the current answer within one engine
 step and keeps the conversation; Ctrl+D (or /quit) leaves. The conversation is re-rendered
 through the model's chat template every turn; the target reuses the KV cache of the common
-prefix, so earlier turns are not computed again.
+prefix, so earlier turns are not computed again. A conversation that outgrows the context leaves
+its oldest turns out of the prompt, as the desktop chat does (``Session.fitting_prompt``), and
+says so.
 """
 
 from __future__ import annotations
@@ -36,9 +38,13 @@ def format_stats(stats: RunStats) -> str:
         parts.append(f"{stats.decode_tok_s:.1f} tok/s decode")
     if stats.prompt_tok_s == stats.prompt_tok_s:
         parts.append(f"prompt {stats.prompt_tok_s:.0f} tok/s")
-    parts.append(f"acceptance {stats.acceptance_rate:.0%}" if stats.drafted else "acceptance n/a (nothing drafted)")
-    parts.append(f"tau {stats.tau:.2f}")
-    parts.append(f"TTFT {stats.ttft_s * 1000:.0f} ms")
+    if stats.drafted:
+        parts.append(f"acceptance {stats.acceptance_rate:.0%}")
+    else:
+        parts.append(stats.declined or "acceptance n/a (nothing drafted)")
+    if stats.forwards:  # an answer stopped before its first token has no tau and no TTFT
+        parts.append(f"tau {stats.tau:.2f}")
+        parts.append(f"TTFT {stats.ttft_s * 1000:.0f} ms")
     parts.append(f"{stats.new_tokens} tokens")
     if stats.finish_reason not in ("eos", "stop"):
         parts.append(f"stopped: {stats.finish_reason}")
@@ -59,7 +65,11 @@ class ChatState:
 def answer(session: Session, state: ChatState, settings: GenerationSettings, out: TextIO) -> RunStats | None:
     """Stream one answer to ``out``; Ctrl+C cancels it. Returns its stats (None on error)."""
     fmt = session.model.chat_format
-    prompt = session.model.chat_prompt(state.conversation())
+    fitted = session.fitting_prompt(state.conversation(), max_new_tokens=settings.max_new_tokens)
+    if fitted.dropped:
+        out.write(f"(the {fitted.dropped} oldest message(s) no longer fit the {session.target.n_ctx}-token context "
+                  "and were left out of this answer)\n")
+    prompt = fitted.tokens
     settings = GenerationSettings(
         max_new_tokens=settings.max_new_tokens, stop=settings.stop + fmt.stop, sampling=settings.sampling
     )

@@ -73,21 +73,22 @@ def test_tree_verify_matches_chains_and_commit_keeps_the_path(smollm_session):
     target.reset()
     target.prefill(prompt[:-1])
     out = target.verify(prompt[-1], tree)
+    rows = {node: out.row(node + 1) for node in (1, 4)}  # copies: the next decode overwrites out's buffer
     for node, path in {1: [a, b], 4: [c, d, b]}.items():
         target.reset()
         target.prefill(prompt[:-1])
-        chain = target.verify(prompt[-1], Proposal.chain(path)).logits[-1]
-        assert int(out.logits[node + 1].argmax()) == int(chain.argmax())
-        assert abs(out.logits[node + 1] - chain).max() < 0.5
+        chain = target.verify(prompt[-1], Proposal.chain(path)).row(len(path))
+        assert int(rows[node].argmax()) == int(chain.argmax())
+        assert abs(rows[node] - chain).max() < 0.5
     target.reset()
     target.prefill(prompt[:-1])
     target.verify(prompt[-1], tree)
     target.commit(Verdict(path=(2, 3), tokens=(c, d, 7), drafted=5, draft_depth=3))
     assert target.cached_tokens == tuple(prompt) + (c, d)
-    after = target.verify(7, Proposal()).logits[0]
+    after = target.verify(7, Proposal()).row(0)
     target.reset()
     target.prefill(list(prompt) + [c, d])
-    fresh = target.verify(7, Proposal()).logits[0]
+    fresh = target.verify(7, Proposal()).row(0)
     assert abs(after - fresh).max() < 0.5 and int(after.argmax()) == int(fresh.argmax())
     target.reset()
 
@@ -131,3 +132,166 @@ def test_the_first_long_prompt_measures_the_cost_curve_at_its_length(smollm_q4_p
         assert short.stats.new_tokens > 0
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=1024)) as again:
         assert again.cost_model().contexts == costs.contexts  # both loaded, nothing measured
+
+
+# --- issue 16 section 4 on llama.cpp: rollback failures, limits, prefill Stop, logits ownership --------
+def _prompt(session, text="Name a fruit."):
+    return session.model.chat_prompt([{"role": "user", "content": text}])
+
+
+def test_a_removal_llama_cpp_refuses_raises_instead_of_starting_over(smollm_session, monkeypatch):
+    """Before: ``truncate`` fell back to ``reset()`` without a word and ``commit`` ignored
+    ``seq_rm``'s answer, so the next step ran on a cache that was not the text."""
+    import llama_cpp
+
+    from backends.core.errors import BackendError
+    from backends.core.types import Proposal, Verdict
+
+    target = smollm_session.target
+    prompt = _prompt(smollm_session)
+    target.reset()
+    target.prefill(prompt)
+    monkeypatch.setattr(llama_cpp, "llama_memory_seq_rm", lambda *args: False)
+    with pytest.raises(BackendError, match="roll its cache back"):
+        target.truncate(len(prompt) - 3)
+    assert target.n_past == 0  # emptied, and said so: nothing runs on a cache that is not the text
+    monkeypatch.undo()
+    target.prefill(prompt[:-1])
+    target.verify(prompt[-1], Proposal.chain([1, 2, 3]))
+    monkeypatch.setattr(llama_cpp, "llama_memory_seq_rm", lambda *args: False)
+    with pytest.raises(BackendError, match="rejected tokens"):
+        target.commit(Verdict(path=(0,), tokens=(1, 5), drafted=3, draft_depth=3))
+    monkeypatch.undo()
+    target.reset()
+
+
+def test_a_recurrent_model_is_offered_plain_decoding_only_and_told_why(smollm_session, monkeypatch):
+    from backends.core.errors import SpecDeckError
+    from backends.core.types import ROLLBACK, TREE
+    from backends.llamacpp.target import LlamaTarget
+
+    model = smollm_session.model
+    assert LlamaTarget.offers == {TREE, ROLLBACK} and smollm_session.target.offers == {TREE, ROLLBACK}
+    monkeypatch.setitem(model.__dict__, "is_recurrent", True)  # what llama_model_is_recurrent says of Mamba
+    recurrent = LlamaTarget(model, n_ctx=256)
+    try:
+        assert recurrent.offers == frozenset()
+        monkeypatch.setattr(smollm_session, "target", recurrent)
+        for method in ("pld", "draft", "auto"):
+            with pytest.raises(SpecDeckError, match="cannot run on .* whose cache can forget rejected guesses"):
+                smollm_session.drafter(method, GREEDY.sampling)
+        smollm_session.drafter("ar", GREEDY.sampling)  # plain decoding stays exact on such models
+    finally:
+        recurrent.close()
+
+
+def test_a_prefix_the_sliding_window_no_longer_holds_is_computed_again(gemma_session, monkeypatch):
+    """Gemma 3 attends over a 512-token window in most layers, and llama.cpp may reuse the cells
+    behind it. ``seq_rm`` still succeeds then, so before, a prompt sharing an early prefix with
+    the cached one reused it without the window behind it. The cache's lowest position says
+    whether the window is there (simulated here: llama.cpp keeps it at this size)."""
+    import llama_cpp
+
+    from backends.core.errors import BackendError
+
+    target = gemma_session.target
+    assert gemma_session.model.n_swa > 0
+    tokens = gemma_session.model.tokenize(" ".join(f"item {i} is {i * 7 % 13}." for i in range(60)))[:300]
+    target.reset()
+    target.prefill(tokens)
+    monkeypatch.setattr(llama_cpp, "llama_memory_seq_pos_min", lambda mem, seq: 250)  # cells below 250 reused
+    assert target.prefill(tokens[:200] + [5, 6]) == 0 and target.cached_tokens == tuple(tokens[:200] + [5, 6])
+    with pytest.raises(BackendError, match="roll its cache back"):
+        target.truncate(100)
+    monkeypatch.undo()
+    target.prefill(tokens)
+    target.truncate(290)  # a rollback within the window is exact and allowed
+    assert target.n_past == 290
+    target.reset()
+
+
+def test_targets_declare_their_limits_and_a_wide_draft_tree_fits_them(smollm_session):
+    """max_draft 8 with tree_width 8 makes 57 leaves; the context has 32 sequences."""
+    target = smollm_session.target
+    assert (target.limits.max_batch, target.limits.max_paths) == (target.n_batch, target.max_tree_paths) == (512, 32)
+    prompt = _prompt(smollm_session, "Count from one to twenty.")
+    ref = answer(smollm_session, "ar", prompt)
+    wide = answer(smollm_session, "draft", prompt,
+                  {"adaptive": False, "tree_width": 8, "max_draft": 8, "min_confidence": 0.0})
+    assert wide.stats.drafted > 0 and len(wide.tokens) == len(ref.tokens)
+
+
+def test_the_draft_context_is_as_long_as_the_targets(smollm_f16_path, smollm_q4_path, monkeypatch):
+    """A draft model trained on a shorter context used to get a shorter context than the target,
+    and a long prompt the target took failed in the draft's prefill."""
+    import backends.factory as factory
+
+    class ShortTrained(factory.LlamaModel):
+        def __init__(self, path, **kw):
+            super().__init__(path, **kw)
+            if str(path) == str(smollm_q4_path):
+                self.n_ctx_train = 256
+
+    monkeypatch.setattr(factory, "LlamaModel", ShortTrained)
+    with factory.Session(factory.SessionConfig(model=str(smollm_f16_path), draft_model=str(smollm_q4_path),
+                                               n_ctx=1024)) as session:
+        assert session.draft_target.n_ctx == session.target.n_ctx == 1024
+        prompt = session.model.tokenize(" ".join(["one two three four"] * 100))[:400]
+        finished = answer(session, "draft", prompt, {"adaptive": False})
+        assert finished.stats.new_tokens > 0
+
+
+def test_a_long_prefill_stops_between_chunks(smollm_q4_path):
+    from backends.core.errors import Cancelled
+    from backends.llamacpp.model import LlamaModel
+    from backends.llamacpp.target import LlamaTarget
+
+    with LlamaModel(smollm_q4_path) as model:
+        target = LlamaTarget(model, n_ctx=1024, n_batch=128)
+        asked = []
+        tokens = model.tokenize(" ".join(["the quick brown fox"] * 100))[:400]
+        with pytest.raises(Cancelled):
+            target.prefill(tokens, stop=lambda: asked.append(1) or len(asked) > 2)
+        assert target.n_past == 256 and target.cached_tokens == tuple(tokens[:256])  # two chunks, kept
+        assert target.prefill(tokens) == 256  # the next prefill goes on from there
+        target.close()
+
+
+def test_verify_hands_out_llama_cpp_buffer_read_only_and_says_when_it_is_stale(smollm_session):
+    """No [n_nodes, vocab] copy per step: the logits are llama.cpp's own buffer, valid until the
+    next decode, after which reading them raises instead of returning another forward's numbers."""
+    from backends.core.types import Proposal, StaleLogitsError, Verdict
+
+    target = smollm_session.target
+    prompt = _prompt(smollm_session)
+    target.reset()
+    target.prefill(prompt[:-1])
+    out = target.verify(prompt[-1], Proposal.chain([1, 2, 3]))
+    assert not out.logits.flags.owndata and not out.logits.flags.writeable
+    kept, top = out.row(0), out.top(0)
+    assert int(kept.argmax()) == top and list(out.argmax()) == [int(out.logits[i].argmax()) for i in range(4)]
+    target.commit(Verdict(path=(), tokens=(top,), drafted=3, draft_depth=3))
+    target.verify(top, Proposal())
+    with pytest.raises(StaleLogitsError):
+        out.row(0)
+    assert int(kept.argmax()) == top  # the copy taken in time is still good
+    target.reset()
+
+
+def test_the_terminal_chat_leaves_out_turns_that_no_longer_fit(smollm_session):
+    """The desktop chat already did; the terminal chat failed with "the prompt has N tokens"."""
+    import io
+
+    from backends.chat import ChatState, answer as chat_answer
+
+    long_turn = "Here is some text to remember: " + " ".join(f"fact {i} is {i * 3}." for i in range(120))
+    state = ChatState(method="ar")
+    for _ in range(4):
+        state.messages += [{"role": "user", "content": long_turn}, {"role": "assistant", "content": "Noted."}]
+    state.messages.append({"role": "user", "content": "What is fact 2?"})
+    assert len(smollm_session.model.chat_prompt(state.conversation())) > smollm_session.target.n_ctx
+    out = io.StringIO()
+    stats = chat_answer(smollm_session, state, GenerationSettings(max_new_tokens=8), out)
+    assert stats is not None and stats.new_tokens > 0
+    assert "oldest message(s) no longer fit" in out.getvalue()
+    assert len(state.messages) == 10  # the conversation keeps every turn; only the prompt leaves some out

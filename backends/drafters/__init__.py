@@ -37,7 +37,7 @@ REQUIREMENT_TEXT = {
     TREE: "a target that verifies token trees",
     HIDDEN_STATES: "a target that returns hidden states",
     ROLLBACK: "a model whose cache can forget rejected guesses (recurrent and hybrid models such as Mamba, "
-              "RWKV, LFM2, Granite-H and Qwen3-Next cannot: only plain decoding stays exact on them)",
+              "RWKV, LFM2, Granite-H and Qwen3-Next cannot)",
 }
 
 
