@@ -146,4 +146,5 @@ def generate(
         )
         index += 1
     stream.flush()
+    stats.declined = str(getattr(drafter, "declined", "") or "")  # why it drafted nothing, if it chose so
     yield Finished(reason=reason, tokens=tuple(context[len(prompt) :]), text=stream.text, stats=stats.result(reason))

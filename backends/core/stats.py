@@ -15,6 +15,7 @@ class StatsRecorder:
     def __init__(self, method: str, prompt_tokens: int) -> None:
         self.method = method
         self.played = ""
+        self.declined = ""
         self.prompt_tokens = prompt_tokens
         self.reused_tokens = 0
         self.prefill_s = 0.0
@@ -79,4 +80,5 @@ class StatsRecorder:
             accepted_at=tuple(self.accepted_at),
             finish_reason=reason,
             played=self.played,
+            declined=self.declined,
         )

@@ -298,6 +298,9 @@ class RunStats:
     accepted_at: tuple[int, ...]  # steps that accepted position d + 1
     finish_reason: str
     played: str = ""  # what a method that chooses per answer (auto) played, e.g. "pld"
+    # Why the drafter drafted nothing when it chose not to, in words (a drafter's ``declined``),
+    # e.g. "drafting would not pay here: the draft costs 0.78 of the target".
+    declined: str = ""
 
     @property
     def prompt_tok_s(self) -> float:

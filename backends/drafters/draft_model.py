@@ -102,6 +102,7 @@ class DraftModelDrafter:
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._hopeless = 0  # steps left to skip the controller (see HOPELESS_SKIP)
+        self.declined = ""  # why this answer was not drafted, for its stats (see _choose_length)
         self._decoded = []
         self._off = len(prompt) >= self.draft.n_ctx
         if self._off:  # a draft context shorter than the target's: this answer goes undrafted
@@ -154,6 +155,7 @@ class DraftModelDrafter:
         length = self.controller.choose(available, **prices)
         if length == 0 and not self.controller.can_pay(available, **prices):
             self._hopeless = HOPELESS_SKIP
+            self.declined = f"drafting would not pay here: the draft costs {per_token:.2f} of the target"
         return length
 
     def _draft_tree(self, row: np.ndarray, history: list[int], length: int, max_nodes: int) -> Proposal:
