@@ -213,3 +213,48 @@ def test_closing_the_window_mid_run_prints_no_traceback(tmp_path, mode):
     if mode == "chat":  # the answer so far was kept, as an answer stopped with Esc is
         assert report["steps"] >= 3
         assert [role for role, _ in report["messages"]] == ["user", "assistant"] and report["messages"][1][1]
+
+
+# -- 9: the stats footer --------------------------------------------------------------------------
+def test_stop_before_the_first_token_leaves_no_empty_answer(qtbot, window):
+    chat = window.chat
+    window.sampling.max_tokens.setValue(8)
+    ask(qtbot, window, "Name a fruit.")
+    before = shown(chat)
+    long_text = "A very long note about soil, water and light in the garden. " * 150
+    rec = Recorder(window)
+    send(qtbot, window, long_text)
+    qtbot.keyClick(window, Qt.Key.Key_Escape)  # at once: the prompt is still being read
+    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
+    assert rec.finished.reason == "cancelled" and rec.finished.stats.new_tokens == 0
+    assert shown(chat) == before and stored(chat) == before  # no empty answer, no orphan question
+    assert chat.input.toPlainText() == long_text.strip()
+    assert chat.notice.isVisible() and "Stopped before the answer began" in chat.notice.text()
+    text = chat.transcript_text()
+    assert not re.search(r"\bnan\b|· 0 tokens", text), text
+    ask(qtbot, window, "Name a colour.")  # and the next message is answered after the first one
+    assert [role for role, _ in shown(chat)] == ["user", "assistant"] * 2
+
+
+def test_a_draft_model_that_cannot_pay_says_why_nothing_was_drafted(qtbot, home, smollm_f16_path, smollm_q4_path):
+    window = open_window(qtbot, home, autoload=str(smollm_f16_path))
+    try:
+        qtbot.waitUntil(lambda: not window.busy, timeout=LOAD_TIMEOUT)
+        window.load_model(str(smollm_f16_path), draft=str(smollm_q4_path))
+        qtbot.waitUntil(lambda: window.model is not None and window.model.draft_model == str(smollm_q4_path),
+                        timeout=LOAD_TIMEOUT)
+        qtbot.waitUntil(lambda: not window.busy and window.methods.disabled_reason("draft") is None, timeout=60_000)
+        assert window.methods.select("draft")
+        window.sampling.max_tokens.setValue(24)
+        rec = ask(qtbot, window, "Name three colors.")
+        stats = rec.finished.stats
+        footer = window.chat.transcript_text().strip().splitlines()[-1]
+        assert stats.method == "draft" and footer.startswith("[draft")
+        if stats.drafted:  # a machine where this draft pays (a GPU): the footer has its acceptance
+            assert f"acceptance {stats.acceptance_rate:.0%}" in footer
+        else:  # on a few CPU cores the Q4_1 draft costs most of an F16 forward, and the footer says so
+            found = re.search(r"drafting would not pay here: the draft costs (0\.\d\d) of the target", footer)
+            assert found, footer
+            assert 0.3 < float(found.group(1)) < 1.5 and "nothing drafted)" not in footer
+    finally:
+        close_window(window)
