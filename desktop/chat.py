@@ -147,7 +147,7 @@ class ChatPanel(QWidget):
         self.editing: int | None = None  # index of the user message being edited, if any
         self._box_before_edit = ""  # what the message box held when the edit began (Cancel gives it back)
         self._dirty = False
-        self._error: str | None = None  # the error line now shown (a palette change redraws it)
+        self._error: str | None = None  # the error line under the conversation, until the next send or chat
         self._undo: Undo | None = None  # the conversation before the answer now asked for
         self._reading: PrefillProgress | None = None  # how far the prompt of the answer asked for is read
         self._rendered: dict[str, Rendered] = {}  # message text -> its styled markdown (see redraw)
@@ -264,6 +264,7 @@ class ChatPanel(QWidget):
         if conversation != self.conversation:
             self.cancel_edit()  # an edit belongs to the conversation it started in
         self.conversation = conversation
+        self._error = None
         self.messages = list(self.store.messages(conversation))
         self.spans = {}
         self.reload_list()
@@ -332,6 +333,7 @@ class ChatPanel(QWidget):
     def _ask(self, undo: Undo) -> None:
         self._undo = undo
         self._reading = None
+        self._error = None
         conversation = [{"role": m.role, "content": m.content} for m in self.messages]
         self.messages.append(StoredMessage("assistant", ""))
         self.spans[len(self.messages) - 1] = []
@@ -453,7 +455,8 @@ class ChatPanel(QWidget):
         elif self.streaming:
             self.set_streaming(False)
             self.save()
-        self.redraw(error=message)
+        self._error = message
+        self.redraw()
 
     def _answer_so_far(self) -> str:
         last = self.messages[-1] if self.messages else None
@@ -485,7 +488,7 @@ class ChatPanel(QWidget):
         its children's palettes, so the transcript's would still be the old one here."""
         self.theme = TranscriptTheme.from_palette(self.palette())
         self._rendered = {}
-        self.redraw(error=self._error)
+        self.redraw()
 
     # -- drawing -----------------------------------------------------------------------------
     def _redraw_if_dirty(self) -> None:
@@ -493,13 +496,15 @@ class ChatPanel(QWidget):
             self._dirty = False
             self.redraw()
 
-    def redraw(self, *, error: str | None = None) -> None:
-        """Rebuild the transcript. While an answer streams this runs a few times a second, so the
-        markdown of unchanged messages is parsed and styled once and reused from ``_rendered``
-        (kept for the texts drawn this time only, so the growing answer's versions do not pile up)."""
+    def redraw(self) -> None:
+        """Rebuild the transcript, with the error line if one is shown. While an answer streams this
+        runs a few times a second, so the markdown of unchanged messages is parsed and styled once
+        and reused from ``_rendered`` (kept for the texts drawn this time only, so the growing
+        answer's versions do not pile up)."""
+        self._dirty = False
+        error = self._error
         bar = self.transcript.verticalScrollBar()
         at_bottom = bar.value() >= bar.maximum() - 4
-        self._error = error
         self.transcript.clear()
         cursor = QTextCursor(self.transcript.document())
         previous, self._rendered = self._rendered, {}
