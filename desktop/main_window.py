@@ -237,7 +237,7 @@ class MainWindow(QMainWindow):
         if isinstance(sampling, dict):
             self.sampling.restore(sampling)
         self.sampling.system.setPlainText(str(self.settings.value("sampling/system", "") or ""))
-        self._wanted_method = str(self.settings.value("method/name", "pld"))
+        self._wanted_method = str(self.settings.value("method/name", "") or "")  # first launch: the recommended one
         self.methods.select(self._wanted_method)
 
     def save_settings(self) -> None:

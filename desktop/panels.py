@@ -153,8 +153,10 @@ class MethodPanel(QGroupBox):
         layout.addWidget(self.memory)
         layout.addStretch(1)
         self.advice: MethodAdvice | None = None
+        self.chosen = False  # the user (or their saved settings) picked the method: advice keeps it
         self.combo.currentIndexChanged.connect(self._on_method)
-        self.select("pld")
+        self.combo.activated.connect(self._on_picked)
+        self._select("pld")  # until the advice for the loaded model arrives
 
     # -- the chosen method -------------------------------------------------------------------
     def method(self) -> str:
@@ -162,6 +164,15 @@ class MethodPanel(QGroupBox):
         return item.data(_NAME) if item is not None else "ar"
 
     def select(self, name: str) -> bool:
+        """Choose ``name`` as the user would: later advice no longer replaces it."""
+        picked = self._select(name)
+        self.chosen = self.chosen or picked
+        return picked
+
+    def _on_picked(self, _row: int) -> None:
+        self.chosen = True
+
+    def _select(self, name: str) -> bool:
         for row in range(self.items.rowCount()):
             item = self.items.item(row)
             if item.data(_NAME) == name and item.isEnabled():
@@ -201,11 +212,10 @@ class MethodPanel(QGroupBox):
             self.items.appendRow(_method_item(name, label, why_not, rec.reason if rec else spec.summary))
         usable = [r for r in advice.recommendations.ranked if _why_disabled(r.method, REGISTRY[r.method].requires - offers, r) is None]
         best = usable[0] if usable else None
-        if best is not None:
-            self.recommended.setText(f"Recommended: <b>{best.method}</b> — {best.reason}")
+        self.recommended.setText(_recommendation(best, usable) if best is not None else "")
         self._fill_drafts(advice)
-        if not self.select(current):
-            self.select(best.method if best else "ar")
+        if not (self.chosen and self._select(current)):  # until the user picks one, the recommended one
+            self._select(best.method if best else "ar")
         self.combo.blockSignals(False)
         self._on_method(self.combo.currentIndex())
 
@@ -260,6 +270,27 @@ def _method_item(name: str, label: str, why_not: str | None, about: str = "") ->
     item.setEnabled(why_not is None)
     item.setToolTip(why_not or about)
     return item
+
+
+_HOW = {"measured": "measured on this model", "measured acceptance": "from acceptance measured on this model",
+        "prior": "a cautious estimate until SpecDeck has measured it here"}
+
+
+def _recommendation(best: Recommendation, usable: list[Recommendation]) -> str:
+    """The recommendation with its reason. Plain decoding is recommended when no drafting method
+    is expected to beat it, and the line says so, naming the closest one and its estimate.
+
+    Example: "Recommended: <b>ar</b> — no drafting method is expected to beat plain decoding on
+    this machine yet: the closest, pld, about 0.99x (a cautious estimate ...)".
+    """
+    if best.basis != "baseline":
+        return f"Recommended: <b>{best.method}</b> — {best.reason}"
+    closest = next((r for r in usable if r.predicted_speedup and r.basis != "baseline"), None)
+    if closest is None:
+        return f"Recommended: <b>{best.method}</b> — no drafting method can run with this model here"
+    return (f"Recommended: <b>{best.method}</b> — no drafting method is expected to beat plain decoding on this "
+            f"machine yet: the closest, {closest.method}, about {closest.predicted_speedup:.2f}x "
+            f"({_HOW.get(closest.basis, closest.basis)}); pick it to let SpecDeck measure it")
 
 
 def _why_disabled(name: str, missing: frozenset[str], rec: Recommendation | None) -> str | None:

@@ -258,3 +258,18 @@ def test_a_draft_model_that_cannot_pay_says_why_nothing_was_drafted(qtbot, home,
             assert 0.3 < float(found.group(1)) < 1.5 and "nothing drafted)" not in footer
     finally:
         close_window(window)
+
+
+# -- 7: first-launch advice -----------------------------------------------------------------------
+def test_first_launch_selects_what_it_recommends_and_says_why(qtbot, window):
+    methods = window.methods
+    qtbot.waitUntil(lambda: methods.advice is not None, timeout=60_000)
+    text, chosen = methods.recommended.text(), methods.method()
+    assert text.startswith(f"Recommended: <b>{chosen}</b>"), (chosen, text)  # what it says is what is selected
+    ranked = [r for r in methods.advice.recommendations.ranked if methods.disabled_reason(r.method) is None]
+    if chosen == "ar":  # plain decoding: the reason is that no drafting method is expected to beat it yet
+        closest = next(r for r in ranked if r.method != "ar" and r.predicted_speedup)
+        assert "no drafting method is expected to beat plain decoding" in text
+        assert f"{closest.method}" in text and f"{closest.predicted_speedup:.2f}x" in text
+    else:
+        assert "x (" in text  # its predicted speedup and where that figure comes from
