@@ -202,7 +202,8 @@ class Session:
         resources = DrafterResources(
             sampling=sampling,
             target_vocab=self.model.n_vocab,
-            costs=self.cost_model,
+            # every timing probe is rolled back; a target that cannot do that runs no drafter anyway
+            costs=self.cost_model if ROLLBACK in self.target.offers else lambda: None,
             draft=self.draft_target,
             draft_costs=self.draft_cost_model,
             memory=self._memory,

@@ -175,13 +175,16 @@ class LlamaTarget:
 
     def _holds(self, n: int) -> bool:
         """Sequence 0 holds positions ``n - 1`` back to the start (or, with a sliding window, to
-        the window's start): two O(1) queries."""
+        the window's start; a recurrent state holds only its last position): two O(1) queries."""
         lib = llama()
         if n == 0:
             return lib.llama_memory_seq_pos_max(self.mem, 0) < 0
+        if lib.llama_memory_seq_pos_max(self.mem, 0) != n - 1:
+            return False
+        if ROLLBACK not in self.offers:
+            return True
         need = max(0, n - self._n_swa) if self._n_swa > 0 else 0
-        pos_min = lib.llama_memory_seq_pos_min(self.mem, 0)
-        return lib.llama_memory_seq_pos_max(self.mem, 0) == n - 1 and 0 <= pos_min <= need
+        return 0 <= lib.llama_memory_seq_pos_min(self.mem, 0) <= need
 
     def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None) -> int:
         """Bring the cache to exactly ``tokens``, reusing the common prefix; returns reused count.
