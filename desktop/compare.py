@@ -143,7 +143,8 @@ class ComparePanel(QWidget):
         return tuple(name for name, box in self.checks.items() if box.isChecked())
 
     def set_available(self, usable: dict[str, str | None]) -> None:
-        """Grey out methods the loaded session cannot run (name -> reason or None)."""
+        """Grey out methods that cannot run now (name -> reason or None): the loaded session lacks
+        what they need, or their settings in the Method panel are not complete."""
         for name, box in self.checks.items():
             if name == "ar":
                 continue
@@ -177,6 +178,7 @@ class ComparePanel(QWidget):
         self.note.setText("")
         self.table.setRowCount(0)
         self.chart.clear()
+        self.chart.getAxis("bottom").setTicks(None)  # the last run's method names go with its bars
         while self.pane_grid.count():  # the previous run's headers and panes
             widget = self.pane_grid.takeAt(0).widget()
             if widget is not None:
@@ -205,6 +207,9 @@ class ComparePanel(QWidget):
         if done.cancelled:
             self.note.setText("Stopped; nothing measured.")
             return
+        for row in done.rows:
+            if row.error and row.method in self.panes:
+                self.panes[row.method].setPlainText(f"{row.method} could not run: {row.error}")
         self.show_result(done)
         self._save(done)
 
@@ -235,13 +240,16 @@ class ComparePanel(QWidget):
                 self.table.setItem(r, c, item)
         self.table.resizeColumnsToContents()
         self.chart.clear()
-        rates = [row.decode_tok_s if math.isfinite(row.decode_tok_s) else 0.0 for row in done.rows]
+        ran = [row for row in done.rows if not row.error]
+        rates = [row.decode_tok_s if math.isfinite(row.decode_tok_s) else 0.0 for row in ran]
         self.chart.addItem(pg.BarGraphItem(x=list(range(len(rates))), height=rates, width=0.6, brush=(60, 140, 230)))
-        self.chart.getAxis("bottom").setTicks([[(i, row.method) for i, row in enumerate(done.rows)]])
-        if any(not row.identical for row in done.rows):
-            self.note.setText(f"Outputs that differ from plain decoding show the target's top-1 minus top-2 logit at the "
-                              f"first difference: below {NEAR_TIE} it is a near-tie that batched and one-token evaluation "
-                              f"round differently, not a different distribution.")
+        self.chart.getAxis("bottom").setTicks([[(i, row.method) for i, row in enumerate(ran)]])
+        notes = [f"{row.method} could not run: {row.error}" for row in done.rows if row.error]
+        if any(not row.identical for row in ran):
+            notes.append(f"Outputs that differ from plain decoding show the target's top-1 minus top-2 logit at the "
+                         f"first difference: below {NEAR_TIE} it is a near-tie that batched and one-token evaluation "
+                         f"round differently, not a different distribution.")
+        self.note.setText("\n".join(notes))
 
     def _save(self, done: CompareDone) -> None:
         self.history_dir.mkdir(parents=True, exist_ok=True)
@@ -302,6 +310,8 @@ def _cells(row: CompareRow) -> tuple[str, ...]:
     def num(value: float | None, fmt: str) -> str:
         return "-" if value is None or not math.isfinite(value) else fmt.format(value)
 
+    if row.error:
+        return (row.method, "-", "-", "-", "-", "-", f"failed: {row.error}")
     if row.identical:
         same = "yes"
     else:

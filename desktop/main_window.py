@@ -183,6 +183,7 @@ class MainWindow(QMainWindow):
         self.hardware_panel = HardwarePanel()
         self.methods = MethodPanel()
         self.methods.draft_chosen.connect(self.load_draft)
+        self.methods.runnable_changed.connect(self.compare.set_available)  # greyed, or settings incomplete
         self.sampling = SamplingPanel()
         side = QWidget()
         sv = QVBoxLayout(side)
@@ -334,7 +335,6 @@ class MainWindow(QMainWindow):
         if self._wanted_method:
             self.methods.select(self._wanted_method)
             self._wanted_method = ""
-        self.compare.set_available({m: self.methods.disabled_reason(m) for m in REGISTRY})
         self.charts.set_reference(advice.recommendations.plain_tok_s)
 
     # -- chat --------------------------------------------------------------------------------

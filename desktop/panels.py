@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from backends.core.types import GenerationSettings, SamplingSettings
-from backends.drafters import REGISTRY, describe
+from backends.drafters import DATASTORE, DRAFT_MODEL, REGISTRY, describe
 from backends.hardware.detect import format_report
 from backends.hardware.fit import FitReport
 from backends.hardware.recommend import Recommendation, Recommendations
@@ -114,6 +115,7 @@ class MethodPanel(QGroupBox):
 
     method_changed = Signal(str)
     draft_chosen = Signal(str)
+    runnable_changed = Signal(dict)  # runnable(): after new advice and after every settings change
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Method", parent)
@@ -124,6 +126,7 @@ class MethodPanel(QGroupBox):
         self.combo.setModel(self.items)
         self.reason = QLabel("Load a model to see which methods fit.")
         self.reason.setWordWrap(True)
+        self.reason.setTextFormat(Qt.TextFormat.RichText)
         self.recommended = QLabel()
         self.recommended.setWordWrap(True)
         self.recommended.setObjectName("recommendation")
@@ -135,6 +138,7 @@ class MethodPanel(QGroupBox):
         for name, spec in REGISTRY.items():
             self.items.appendRow(_method_item(name, name, None))
             form = DataclassForm(spec.settings_type)
+            form.changed.connect(self._on_settings_changed)
             self.form_of[name] = form
             self.forms.addWidget(form)
         self.draft_box = QComboBox()
@@ -181,9 +185,37 @@ class MethodPanel(QGroupBox):
         return False
 
     def method_settings(self) -> dict | None:
-        """Changed settings of the chosen method, or None when its form holds an invalid value."""
-        form = self.form_of[self.method()]
-        return None if form.settings() is None else form.changed_values()
+        """Changed settings of the chosen method, or None when its form holds an invalid value or
+        lacks what the method cannot run without (the form then says which)."""
+        name = self.method()
+        form = self.form_of[name]
+        if form.settings() is None:
+            return None
+        missing = self.settings_missing(name)
+        if missing:
+            form.error.setText(missing)
+            return None
+        return form.changed_values()
+
+    def settings_missing(self, name: str) -> str | None:
+        """What the method's settings must still name before it can run, in the window's words.
+
+        Example: rest without a datastore: "rest drafts from a datastore of your own texts: choose
+        its file with the ... button of the datastore setting below"."""
+        spec = REGISTRY[name]
+        if spec.needs_datastore and not self.form_of[name].values().get(spec.datastore_field):
+            return (f"{name} drafts from a datastore of your own texts: choose its file with the ... button of the "
+                    f"{spec.datastore_field.replace('_', ' ')} setting below (a datastore is made once from a folder "
+                    "of texts, with the specdeck datastore build command)")
+        return None
+
+    def runnable(self) -> dict[str, str | None]:
+        """Every method -> why it cannot run now (None: it can): greyed out, or settings incomplete."""
+        return {name: self.disabled_reason(name) or self.settings_missing(name) for name in REGISTRY}
+
+    def _on_settings_changed(self) -> None:
+        self._show_details(self.method())
+        self.runnable_changed.emit(self.runnable())
 
     def _on_method(self, _row: int) -> None:
         name = self.method()
@@ -209,7 +241,7 @@ class MethodPanel(QGroupBox):
             label = name + (f"  ~{rec.predicted_speedup:.2f}x" if rec and rec.predicted_speedup else "")
             label += f"  ·  {advice.fits[name].label}" if name in advice.fits else ""
             why_not = _why_disabled(name, spec.requires - offers, rec)
-            self.items.appendRow(_method_item(name, label, why_not, rec.reason if rec else spec.summary))
+            self.items.appendRow(_method_item(name, label, why_not, rec.reason if rec and rec.available else spec.summary))
         usable = [r for r in advice.recommendations.ranked if _why_disabled(r.method, REGISTRY[r.method].requires - offers, r) is None]
         best = usable[0] if usable else None
         self.recommended.setText(_recommendation(best, usable) if best is not None else "")
@@ -218,6 +250,7 @@ class MethodPanel(QGroupBox):
             self._select(best.method if best else "ar")
         self.combo.blockSignals(False)
         self._on_method(self.combo.currentIndex())
+        self.runnable_changed.emit(self.runnable())
 
     def _fill_drafts(self, advice: MethodAdvice) -> None:
         """Usable drafts first, then the others greyed out with why; the user's pick stays picked.
@@ -246,7 +279,9 @@ class MethodPanel(QGroupBox):
         spec = REGISTRY[name]
         row = self.combo.currentIndex()
         item = self.items.item(row) if row >= 0 else None
-        self.reason.setText(item.toolTip() if item is not None and item.toolTip() else spec.summary)
+        about = html.escape(item.toolTip() if item is not None and item.toolTip() else spec.summary)
+        missing = self.settings_missing(name)
+        self.reason.setText(about + (f"<br><b>Before it can run:</b> {html.escape(missing)}" if missing else ""))
         fit = self.advice.fits.get(name) if self.advice else None
         if fit is not None:
             terms = "<br>".join(f"{t.bytes / MiB:,.1f} MiB · {t.name} ({t.device})" for t in fit.terms)
@@ -293,15 +328,28 @@ def _recommendation(best: Recommendation, usable: list[Recommendation]) -> str:
             f"({_HOW.get(closest.basis, closest.basis)}); pick it to let SpecDeck measure it")
 
 
+_IN_THE_WINDOW = {  # requirements in the words of this window's controls (describe() speaks the CLI's)
+    DRAFT_MODEL: "a smaller draft model with the loaded model's vocabulary",
+    DATASTORE: "a datastore of your own texts (its datastore setting)",
+}
+
+
+def _needs(missing: frozenset[str]) -> str:
+    return "; ".join(_IN_THE_WINDOW.get(r) or describe(frozenset({r})) for r in sorted(missing))
+
+
 def _why_disabled(name: str, missing: frozenset[str], rec: Recommendation | None) -> str | None:
-    """Why the loaded session cannot run a method now, in words; None when it can."""
+    """Why the loaded session cannot run a method now, in the window's words; None when it can."""
     if rec is not None and not rec.fits:
         return f"{name} does not fit on this machine: {rec.fit_label}"
     if not missing:
         return None
-    if rec is not None and rec.available and rec.draft_model:
-        return f"needs {describe(missing)}: load {rec.draft_model} from the list below"
-    return rec.reason if rec is not None else f"needs {describe(missing)}"
+    if DRAFT_MODEL in missing and rec is not None and rec.available and rec.draft_model:
+        return f"needs {_needs(missing)}: choose {rec.draft_model} under Draft model below, then Load draft model"
+    if DRAFT_MODEL in missing:
+        return (f"needs {_needs(missing)}; none in the library can draft for this model (the Draft model list "
+                "below says why for each; Add folder ... or Hugging Face ... in Models brings others)")
+    return f"needs {_needs(missing)}"
 
 
 class HardwarePanel(QWidget):

@@ -106,6 +106,7 @@ class CompareRow:
     identical: bool
     divergence_margin: float | None  # top-1 minus top-2 logit where the output left plain decoding's
     text: str
+    error: str | None = None  # the method failed to run: why (its figures are then NaN)
 
 
 @dataclass(frozen=True)
@@ -285,24 +286,43 @@ class Worker(QObject):
                   lambda session: self.compare_done.emit(self._compare(session, request)))
 
     def _compare(self, session: Session, request: CompareRequest) -> CompareDone:
+        """Plain decoding, then each method. A method that fails gets a row saying why and the
+        others go on: one bad setting (a datastore that cannot be read) costs its own run only.
+        Without plain decoding there is nothing to compare against, so its failure ends the run."""
         prompt = session.model.chat_prompt([{"role": "user", "content": request.prompt}])
         generation = replace(request.generation, stop=request.generation.stop + session.model.chat_format.stop)
         methods = ["ar"] + [m for m in request.methods if m != "ar"]
         runs: dict[str, TurnRun] = {}
+        failed: dict[str, str] = {}
         for method in methods:
             if request.cancel.is_set():
                 break
-            session.reset()  # every method starts from an empty cache
-            t0, finished = time.monotonic(), None
-            for event in session.generate(method, prompt, generation, cancel=request.cancel,
-                                          method_settings=request.method_settings.get(method, {})):
-                self.compare_event.emit(CompareEvent(request.request_id, method, event))
-                finished = event if isinstance(event, Finished) else finished
-            assert finished is not None
-            runs[method] = TurnRun(prompt, list(finished.tokens), finished.text, finished.stats, 0.0, t0, time.monotonic())
+            try:
+                runs[method] = self._compare_one(session, request, method, prompt, generation)
+            except (SpecDeckError, ValueError, OSError) as exc:
+                if method == "ar":
+                    raise
+                failed[method] = str(exc)
+            except Exception as exc:  # noqa: BLE001 - one method's bug must not cost the others' results
+                if method == "ar":
+                    raise
+                failed[method] = _unexpected(exc)
         cancelled = request.cancel.is_set()
-        rows = tuple(self._row(session, m, runs, generation) for m in runs) if not cancelled else ()
+        rows = () if cancelled else tuple(
+            _failed_row(m, failed[m]) if m in failed else self._row(session, m, runs, generation)
+            for m in methods if m in runs or m in failed)
         return CompareDone(request.request_id, request.prompt, rows, cancelled)
+
+    def _compare_one(self, session: Session, request: CompareRequest, method: str, prompt: list[int],
+                     generation: GenerationSettings) -> TurnRun:
+        session.reset()  # every method starts from an empty cache
+        t0, finished = time.monotonic(), None
+        for event in session.generate(method, prompt, generation, cancel=request.cancel,
+                                      method_settings=request.method_settings.get(method, {})):
+            self.compare_event.emit(CompareEvent(request.request_id, method, event))
+            finished = event if isinstance(event, Finished) else finished
+        assert finished is not None
+        return TurnRun(prompt, list(finished.tokens), finished.text, finished.stats, 0.0, t0, time.monotonic())
 
     def _row(self, session: Session, method: str, runs: dict[str, TurnRun], generation: GenerationSettings) -> CompareRow:
         run, ar = runs[method], runs["ar"]
@@ -371,6 +391,12 @@ class PrefillWatch:
         if self.reading:
             self.report()
         return self.cancel.is_set()
+
+
+def _failed_row(method: str, error: str) -> CompareRow:
+    nan = float("nan")
+    return CompareRow(method=method, decode_tok_s=nan, speedup=nan, tau=nan, acceptance_rate=nan, new_tokens=0,
+                      joules_per_token=None, identical=False, divergence_margin=None, text="", error=error)
 
 
 def _refuse_if_alone_too_long(session: Session, messages: list[Message], fmt) -> None:

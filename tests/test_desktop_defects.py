@@ -273,3 +273,50 @@ def test_first_launch_selects_what_it_recommends_and_says_why(qtbot, window):
         assert f"{closest.method}" in text and f"{closest.predicted_speedup:.2f}x" in text
     else:
         assert "x (" in text  # its predicted speedup and where that figure comes from
+
+
+# -- 6: methods that need what the window does not have yet --------------------------------------
+def test_rest_without_a_datastore_is_explained_in_the_window_and_a_failing_method_keeps_the_others(
+        qtbot, window, tmp_path):
+    methods, compare, chat = window.methods, window.compare, window.chat
+    qtbot.waitUntil(lambda: methods.advice is not None, timeout=60_000)
+    for row in range(methods.items.rowCount()):  # the window speaks of its own controls, not of flags
+        item = methods.items.item(row)
+        assert "--" not in item.toolTip(), item.toolTip()
+    for name, box in compare.checks.items():
+        assert "--" not in box.toolTip(), (name, box.toolTip())
+
+    # rest can be picked (its datastore is chosen in its own form), and says what it needs there.
+    assert methods.select("rest")
+    assert "datastore" in methods.reason.text() and "--" not in methods.reason.text()
+    assert not compare.checks["rest"].isEnabled() and "datastore" in compare.checks["rest"].toolTip()
+    requests: list = []
+    window.answer_request.connect(requests.append)
+    send(qtbot, window, "Name a fruit.")
+    qtbot.waitUntil(lambda: not chat.streaming, timeout=5000)
+    assert requests == [] and chat.input.toPlainText() == "Name a fruit."  # not sent: it could not run
+    form = methods.form_of["rest"]
+    assert "datastore" in form.error.text() and "--" not in form.error.text()
+    assert "--" not in window.error_text() and "--" not in chat.transcript_text()
+
+    # A datastore that cannot be read fails rest alone: ar and pld are still measured and shown.
+    junk = tmp_path / "notes.sdstore"
+    junk.write_text("not a datastore")
+    form.editors["datastore"].setText(str(junk))
+    qtbot.waitUntil(lambda: compare.checks["rest"].isEnabled(), timeout=5000)
+    window.sampling.max_tokens.setValue(8)
+    window.tabs.setCurrentWidget(compare)
+    compare.prompt.setPlainText("Repeat exactly: apples, pears, plums.")
+    for name, box in compare.checks.items():
+        box.setChecked(name in ("ar", "pld", "rest"))
+    compare.run_button.click()
+    qtbot.waitUntil(lambda: not compare.running, timeout=ANSWER_TIMEOUT)
+    table = compare.table
+    rows = {table.item(r, 0).text(): [table.item(r, c).text() for c in range(table.columnCount())]
+            for r in range(table.rowCount())}
+    assert set(rows) == {"ar", "pld", "rest"}
+    assert rows["ar"][2] == "1.00x" and rows["pld"][1] != "-"
+    assert "failed" in rows["rest"][-1] and "not a datastore" in rows["rest"][-1]
+    ticks = [label for _, label in compare.chart.getAxis("bottom")._tickLevels[0]]
+    assert ticks == ["ar", "pld"]  # the chart holds the methods that ran
+    assert "rest could not run" in compare.note.text() and "not a datastore" in compare.note.text()
