@@ -193,6 +193,7 @@ class MainWindow(QMainWindow):
         scroll.setWidgetResizable(True)
         scroll.setWidget(side)
         self.charts = LiveCharts(self.sampler, has_gpu=bool(self.sampler and self.sampler.has_gpu))
+        self.worker.plain_rate.connect(self.charts.set_reference)  # measured after each plain-decoding run
         self._dock("Models", self.library, Qt.DockWidgetArea.LeftDockWidgetArea)
         hw_dock = self._dock("Hardware", self.hardware_panel, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.tabifyDockWidget(self.findChild(QDockWidget, "dock_Models"), hw_dock)
@@ -287,6 +288,7 @@ class MainWindow(QMainWindow):
         self.library.refresh_made()  # a row made on first use (a derived variant) now has a file
         self.status_label.setText(self._ready_text(ready))
         self._set_title(ready.name)
+        self.charts.set_reference(ready.plain_tok_s)  # this model's measured plain decoding, or no line
         self.clear_error()
         self._refresh_advice()
 
@@ -335,7 +337,6 @@ class MainWindow(QMainWindow):
         if self._wanted_method:
             self.methods.select(self._wanted_method)
             self._wanted_method = ""
-        self.charts.set_reference(advice.recommendations.plain_tok_s)
 
     # -- chat --------------------------------------------------------------------------------
     def ask(self, conversation: list) -> None:

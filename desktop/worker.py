@@ -69,6 +69,7 @@ class ModelReady:
     offers: frozenset[str]
     has_template: bool
     seconds: float
+    plain_tok_s: float | None = None  # this model's plain decoding as measured on this machine (None: never run here)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ class Worker(QObject):
     compare_done = Signal(object)  # CompareDone
     failed = Signal(object)  # Failure
     notice = Signal(str)  # something the user should know that is not an error
+    plain_rate = Signal(object)  # float: the loaded model's measured plain-decoding tok/s, after each ar run
     busy = Signal(bool)
 
     def __init__(self, sampler: Sampler | None = None) -> None:
@@ -191,6 +193,7 @@ class Worker(QObject):
             model=str(config.model), name=display_name(str(config.model)), path=str(session.model.path),
             n_ctx=session.target.n_ctx, draft_model=config.draft_model, offers=session.offers,
             has_template=session.model.chat_format.template is not None, seconds=seconds,
+            plain_tok_s=self._plain_rate(session),
         )
 
     def _load_failed(self, failure: Failure, previous: SessionConfig | None) -> None:
@@ -224,8 +227,26 @@ class Worker(QObject):
                                       method_settings=request.method_settings):
             watch.reading = watch.reading and not isinstance(event, (Prefilled, Finished))
             self.answer_event.emit(AnswerEvent(request.request_id, event, _draft_text(session, event)))
-            if isinstance(event, Finished) and event.reason != "cancelled":
-                self.store.record_run(session.model.path, "chat", event.stats)
+            if isinstance(event, Finished):
+                self._record(session, event)
+
+    def _record(self, session: Session, finished: Finished) -> None:
+        """Keep what a finished run measured (the recommender and the plain-decoding line use it)."""
+        if finished.reason == "cancelled":
+            return
+        self.store.record_run(session.model.path, "chat", finished.stats)
+        if finished.stats.method == "ar":
+            rate = self._plain_rate(session)
+            if rate is not None:
+                self.plain_rate.emit(rate)
+
+    def _plain_rate(self, session: Session) -> float | None:
+        """Plain decoding's decode rate for this model file on this machine, from finished runs
+        (chat answers and comparisons; a running average), or None when it was never run here.
+        Estimates (the roofline, one forward's time) leave out sampling and the engine's own work
+        and promised 4-5x the real rate, so they are never drawn as the line to beat."""
+        seen = self.store.lookup(session.model.path, "ar", "chat")
+        return seen.decode_tok_s if seen is not None else None
 
     def _report_prefill(self, session: Session, request_id: int, total: int) -> None:
         """Between two chunks of the prompt's prefill (on this thread): how many tokens are in."""
@@ -322,6 +343,7 @@ class Worker(QObject):
             self.compare_event.emit(CompareEvent(request.request_id, method, event))
             finished = event if isinstance(event, Finished) else finished
         assert finished is not None
+        self._record(session, finished)
         return TurnRun(prompt, list(finished.tokens), finished.text, finished.stats, 0.0, t0, time.monotonic())
 
     def _row(self, session: Session, method: str, runs: dict[str, TurnRun], generation: GenerationSettings) -> CompareRow:

@@ -23,6 +23,7 @@ import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QDockWidget, QGroupBox  # noqa: E402
 
+from backends.hardware.observed import ObservedStore  # noqa: E402
 from desktop.hub import HubDialog  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from tests.test_desktop import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send  # noqa: E402
@@ -320,3 +321,39 @@ def test_rest_without_a_datastore_is_explained_in_the_window_and_a_failing_metho
     ticks = [label for _, label in compare.chart.getAxis("bottom")._tickLevels[0]]
     assert ticks == ["ar", "pld"]  # the chart holds the methods that ran
     assert "rest could not run" in compare.note.text() and "not a datastore" in compare.note.text()
+
+
+# -- 5: the plain-decoding line -------------------------------------------------------------------
+def test_the_plain_decoding_line_is_this_models_measured_ar_or_absent(qtbot, window, home):
+    charts, methods = window.charts, window.methods
+    qtbot.waitUntil(lambda: methods.advice is not None, timeout=60_000)
+    assert not charts.reference.isVisible()  # a fresh user: plain decoding has not been measured here
+    window.sampling.max_tokens.setValue(24)
+    assert methods.select("pld")
+    ask(qtbot, window, "Name three colors.")
+    assert not charts.reference.isVisible()  # prompt lookup's speed is not plain decoding's
+    assert methods.select("ar")
+    first = ask(qtbot, window, "Name three animals.").finished.stats
+    assert first.method == "ar" and first.decode_tok_s == first.decode_tok_s
+    qtbot.waitUntil(charts.reference.isVisible, timeout=5000)
+    assert charts.reference.value() == pytest.approx(first.decode_tok_s)  # the one measurement so far
+    second = ask(qtbot, window, "Name three trees.").finished.stats
+    seen = ObservedStore().lookup(window.model.path, "ar", "chat")
+    qtbot.waitUntil(lambda: charts.reference.value() != pytest.approx(first.decode_tok_s), timeout=5000)
+    assert charts.reference.value() == pytest.approx(seen.decode_tok_s)  # their running average
+    assert min(first.decode_tok_s, second.decode_tok_s) <= seen.decode_tok_s <= max(first.decode_tok_s, second.decode_tok_s)
+
+    # A comparison's plain-decoding run is a measurement too, and a relaunch starts from what was measured.
+    window.tabs.setCurrentWidget(window.compare)
+    window.compare.prompt.setPlainText("Name three rivers.")
+    before = charts.reference.value()
+    window.compare.run()
+    qtbot.waitUntil(lambda: not window.compare.running, timeout=ANSWER_TIMEOUT)
+    qtbot.waitUntil(lambda: charts.reference.value() != before, timeout=5000)
+    measured = ObservedStore().lookup(window.model.path, "ar", "chat").decode_tok_s
+    assert charts.reference.value() == pytest.approx(measured)
+    again = open_window(qtbot, home)
+    try:
+        assert again.charts.reference.isVisible() and again.charts.reference.value() == pytest.approx(measured)
+    finally:
+        close_window(again)
