@@ -237,7 +237,9 @@ def logit_margin(session: Session, context: list[int], sampling: SamplingSetting
 
 
 def divergence(session: Session, runs: list[TurnRun], reference: list[TurnRun], sampling: SamplingSettings) -> dict | None:
-    """Where a method's output first leaves ``ar``'s, and how close the target was to a tie."""
+    """Where a method's output first leaves ``ar``'s, how close the target was to a tie there, and
+    whether that is within this model's measured batch noise (``near_tie``: a rounding effect of
+    batched against one-token evaluation; beyond it, a bug)."""
     for turn, (mine, ref) in enumerate(zip(runs, reference)):
         if mine.tokens == ref.tokens:
             continue
@@ -245,8 +247,11 @@ def divergence(session: Session, runs: list[TurnRun], reference: list[TurnRun], 
         context = ref.prompt + ref.tokens[:i]
         margin, top1, top2 = logit_margin(session, context, sampling)
         got = mine.tokens[i] if i < len(mine.tokens) else None
+        noise = session.batch_noise()
         return {"turn": turn, "position": i, "margin": margin, "token": got,
-                "ar_token": ref.tokens[i] if i < len(ref.tokens) else None, "target_top2": [top1, top2]}
+                "ar_token": ref.tokens[i] if i < len(ref.tokens) else None, "target_top2": [top1, top2],
+                "near_tie": margin <= noise.threshold, "batch_noise": noise.gap_shift,
+                "explained": f"identical up to {noise.describe(margin)} at token {i}"}
     return None
 
 

@@ -14,14 +14,16 @@ Example::
 
 from __future__ import annotations
 
+import json
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from backends.core.costs import SHORT_CONTEXT, CostModel, CpuWatch, time_forwards, time_here
 from backends.core.engine import generate
 from backends.core.errors import IncompatibleDraftError, SpecDeckError
+from backends.core.noise import BatchNoise, measure_batch_noise
 from backends.core.protocols import Drafter
 from backends.core.types import ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
 from backends.drafters import DRAFT_MODEL, DrafterResources, describe, method_spec
@@ -30,9 +32,14 @@ from backends.llamacpp.target import LlamaTarget
 from backends.models.catalog import resolve_model
 from backends.models.chat import ChatFormat, Message
 from backends.models.compat import draft_incompatibility
-from backends.models.cost_cache import COST_CURVE_LENGTH, LONG_CONTEXT, cost_curve_file, load_cost_curves, save_cost_curves
+from backends.models.cost_cache import (COST_CURVE_LENGTH, LONG_CONTEXT, cost_curve_file, load_cost_curves,
+                                        measurement_file, save_cost_curves)
 
 QUIET_CORES = 0.25  # other processes' CPU use (cores) under which a measured cost curve is kept
+NOISE_DEPTH = 16  # drafted tokens per chain when measuring batch noise
+NOISE_LONG = 600  # tokens of the long prompt the noise is also measured after
+NOISE_TEXTS = ("Summarize in one sentence: the city council met on Tuesday to discuss the new park, its playground "
+               "and its pond.", "Write a short Python function that returns the sum of a list, and explain it.")
 ANSWER_ROOM = 256  # tokens a conversation's prompt leaves free for the answer (at most max_new_tokens)
 
 
@@ -66,6 +73,7 @@ class Session:
         self.draft_target: LlamaTarget | None = None
         self._costs: CostModel | None = None
         self._draft_costs: CostModel | None = None
+        self._noise: BatchNoise | None = None
         self._memory: dict = {}  # what drafters learned in earlier answers (see DrafterResources)
         try:
             self.target = self._context(self.model)
@@ -241,6 +249,31 @@ class Session:
                 self._measure_long_context(cancel)
                 break
         yield from events
+
+    # -- rounding ------------------------------------------------------------------------------
+    def batch_noise(self) -> BatchNoise:
+        """How far this model's logits move between one-token and batched evaluation here, which
+        decides when a difference from plain decoding is a near-tie (``backends.core.noise``).
+        Measured once per model file, thread count and build (about 2 s), then read back.
+        Leaves the target's cache empty."""
+        if self._noise is None:
+            file = measurement_file("noise", self.model.path, self.target.n_threads, self.config.n_gpu_layers,
+                                    self.config.flash_attn, NOISE_DEPTH, NOISE_LONG)
+            try:
+                self._noise = BatchNoise(**json.loads(file.read_text()))
+            except (OSError, ValueError, TypeError):
+                self._noise = measure_batch_noise(self.target, self._noise_prompts(), depth=NOISE_DEPTH)
+                file.parent.mkdir(parents=True, exist_ok=True)
+                file.write_text(json.dumps(asdict(self._noise)))
+        return self._noise
+
+    def _noise_prompts(self) -> list[list[int]]:
+        """Two short chat prompts and one of about ``NOISE_LONG`` tokens: rounding differences grow
+        with the context (attention over more cached tokens)."""
+        room = self.target.n_ctx - NOISE_DEPTH - 2
+        short = [self.model.chat_prompt([{"role": "user", "content": t}]) for t in NOISE_TEXTS]
+        long = self.model.tokenize(" ".join(NOISE_TEXTS) * 40)[: min(NOISE_LONG, room)]
+        return [p[:room] for p in short] + [long]
 
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -106,6 +106,9 @@ class CompareRow:
     joules_per_token: float | None
     identical: bool
     divergence_margin: float | None  # top-1 minus top-2 logit where the output left plain decoding's
+    near_tie: bool | None = None  # that margin is within this model's measured batch noise (a rounding effect)
+    divergence_note: str = ""  # the divergence in words: where, the margin, this model's batch noise
+    divergence_position: int | None = None  # the answer's token where it first differs
     text: str
     error: str | None = None  # the method failed to run: why (its figures are then NaN)
 
@@ -356,6 +359,8 @@ class Worker(QObject):
             tau=run.stats.tau, acceptance_rate=run.stats.acceptance_rate, new_tokens=run.stats.new_tokens,
             joules_per_token=energy / run.stats.new_tokens if energy is not None and run.stats.new_tokens else None,
             identical=div is None, divergence_margin=None if div is None else div["margin"], text=run.text,
+            near_tie=None if div is None else div["near_tie"], divergence_note="" if div is None else div["explained"],
+            divergence_position=None if div is None else div["position"],
         )
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Batched and one-token evaluation round differently in llama.cpp, so a speculative run may pick
 the other token where the target's top two logits are nearly tied. Each divergence is therefore
 checked where it happens: the target's top-1 minus top-2 logit gap at the first differing token,
-evaluated one token at a time, must be tiny. Anything else is a bug.
+evaluated one token at a time, must lie within the batch noise measured for this model on this
+machine (``Session.batch_noise``: F16 and Q4_1 differ tenfold). Anything else is a bug.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from backends.bench import logit_margin
 from backends.core.types import Finished, GenerationSettings, SamplingSettings
 from tests.conftest import PROMPTS
 
-NEAR_TIE = 0.5  # logits; F16 batched-vs-single differences measured here stay far below this
 # Fixed lengths: the controller may rightly decide drafting does not pay on this CPU, but these
 # tests must exercise verification and rollback on every step.
 METHODS = [
@@ -44,7 +44,8 @@ def check_method_matches_ar(session, method, settings):
         i = next((j for j, (a, b) in enumerate(zip(got.tokens, ref.tokens)) if a != b), None)
         assert i is not None, f"{method}: one output is a prefix of the other: {got.text!r} vs {ref.text!r}"
         margin, top1, top2 = logit_margin(session, prompt + list(ref.tokens[:i]), GREEDY.sampling)
-        assert margin < NEAR_TIE, f"{method} diverged at token {i} where the target was not near a tie ({margin:.3f})"
+        near_tie = session.batch_noise().threshold
+        assert margin <= near_tie, f"{method} diverged at token {i} beyond this model's batch noise ({margin:.3f} > {near_tie:.3f})"
         assert {got.tokens[i], ref.tokens[i]} == {top1, top2}
     assert exact >= len(PROMPTS) - 3, f"{method}: only {exact} of {len(PROMPTS)} outputs identical"
     assert speculated > 0, f"{method} never had a draft accepted"

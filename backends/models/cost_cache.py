@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from backends.models.llama_lib import library_version
+from backends.models.llama_lib import build_id
 from backends.models.paths import cache_dir
 
 COST_CURVE_LENGTH = 64  # largest draft (tree nodes) the measured cost curve covers
@@ -20,11 +20,19 @@ LONG_CONTEXT = 512  # the first prompt at least this long (tokens) has the curve
 
 
 def cost_curve_file(model: str | os.PathLike, n_threads: int, n_gpu_layers: int, flash_attn: str) -> Path:
+    return measurement_file("costs", model, n_threads, n_gpu_layers, flash_attn,
+                            COST_CURVE_LENGTH, LONG_CONTEXT, "short-then-first-long")
+
+
+def measurement_file(kind: str, model: str | os.PathLike, n_threads: int, n_gpu_layers: int, flash_attn: str,
+                     *extra: object) -> Path:
+    """Where a measurement of ``kind`` for this model file and runtime is kept. The key holds the
+    file (path, size, time), threads, offload, attention kernel and the llama.cpp build with its
+    CPU variant: each changes speeds and rounding."""
     path = Path(model)
     stat = path.stat()
-    key = json.dumps([str(path), stat.st_size, stat.st_mtime_ns, n_threads, n_gpu_layers, flash_attn,
-                      library_version(), COST_CURVE_LENGTH, LONG_CONTEXT, "short-then-first-long"])
-    return cache_dir() / "costs" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+    key = json.dumps([str(path), stat.st_size, stat.st_mtime_ns, n_threads, n_gpu_layers, flash_attn, build_id(), *extra])
+    return cache_dir() / kind / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 
 
 def load_cost_curves(file: Path) -> dict[int, list[float]] | None:

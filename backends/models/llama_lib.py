@@ -108,6 +108,13 @@ def library_version() -> str:
     return getattr(llama(), "__version__", "unknown")
 
 
+def build_id() -> str:
+    """The llama.cpp build and the CPU code it runs here ("0.3.36/zen4"): measurements of speed
+    and rounding are valid for this pair only."""
+    runtime = cpu_runtime()
+    return f"{library_version()}/{runtime.variant if runtime and runtime.variant else 'built-in'}"
+
+
 def system_info() -> str:
     """llama.cpp's own summary of the CPU features and backends it was built with."""
     return llama().llama_print_system_info().decode("utf-8", errors="replace")
