@@ -106,11 +106,11 @@ class CompareRow:
     joules_per_token: float | None
     identical: bool
     divergence_margin: float | None  # top-1 minus top-2 logit where the output left plain decoding's
+    text: str
+    error: str | None = None  # the method failed to run: why (its figures are then NaN)
     near_tie: bool | None = None  # that margin is within this model's measured batch noise (a rounding effect)
     divergence_note: str = ""  # the divergence in words: where, the margin, this model's batch noise
     divergence_position: int | None = None  # the answer's token where it first differs
-    text: str
-    error: str | None = None  # the method failed to run: why (its figures are then NaN)
 
 
 @dataclass(frozen=True)
