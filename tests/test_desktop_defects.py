@@ -17,13 +17,18 @@ import re  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import numpy as np  # noqa: E402
+import pyqtgraph as pg  # noqa: E402
 import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
-from PySide6.QtWidgets import QDockWidget, QGroupBox  # noqa: E402
+from PySide6.QtWidgets import QDockWidget, QGroupBox, QLabel  # noqa: E402
 
 from backends.hardware.observed import ObservedStore  # noqa: E402
+from backends.core.types import Step  # noqa: E402
+from desktop.charts import GAP_S, NO_GPU, LiveCharts  # noqa: E402
 from desktop.hub import HubDialog  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from tests.test_desktop import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send  # noqa: E402
@@ -357,3 +362,74 @@ def test_the_plain_decoding_line_is_this_models_measured_ar_or_absent(qtbot, win
         assert again.charts.reference.isVisible() and again.charts.reference.value() == pytest.approx(measured)
     finally:
         close_window(again)
+
+
+# -- 10: the live charts --------------------------------------------------------------------------
+def shown_plots(charts) -> list:
+    return [item for item in charts.view.ci.items if isinstance(item, pg.PlotItem) and item.isVisible()]
+
+
+def test_live_charts_one_time_axis_own_scales_gaps_and_one_gpu_note(qtbot, window):
+    charts = window.charts
+    window.resize(1366, 768)  # the smallest screen the window is made for
+    window.sampling.max_tokens.setValue(16)
+    first = ask(qtbot, window, "Name three colors.")
+    idle_from = time.monotonic()
+    qtbot.waitUntil(lambda: time.monotonic() - idle_from > GAP_S + 0.5, timeout=10_000)  # an idle stretch
+    ask(qtbot, window, "Name three animals.")
+    qtbot.waitUntil(lambda: charts.points("cpu_pct") > 3, timeout=5000)
+    charts.refresh()
+    plots = shown_plots(charts)
+
+    # Without a GPU the GPU plots are not drawn; one line says so, once.
+    assert not window.sampler.has_gpu and len(plots) == 3 and charts.gpu not in plots and charts.vram not in plots
+    notes = [w for w in charts.findChildren(QLabel) if w.isVisible() and w.text() == NO_GPU]
+    texts = [item for p in plots for item in p.items if isinstance(item, pg.TextItem) and item.toPlainText() == NO_GPU]
+    assert len(notes) + len(texts) == 1 and charts.messages["gpu"] == NO_GPU
+
+    # Each quantity on an axis of its own unit: RAM (GiB) beside CPU (%), tau beside acceptance.
+    assert charts.curves["ram_gib"].getViewBox() is not charts.curves["cpu_pct"].getViewBox()
+    assert "GiB" in charts.host.getAxis("right").labelText and "%" in charts.host.getAxis("left").labelText
+    assert charts.curves["tau"].getViewBox() is not charts.curves["acceptance"].getViewBox()
+    ram = [v for _, v in charts.series["ram_gib"]]
+    low, high = charts.curves["ram_gib"].getViewBox().viewRange()[1]
+    assert low <= min(ram) and max(ram) <= high and high < 4 * max(ram) + 1  # not squashed on a 0-100 axis
+
+    # One time axis: every plot shows the same stretch, in seconds, from 0 (the window's start) on.
+    ranges = {tuple(round(x, 3) for x in p.getViewBox().viewRange()[0]) for p in plots}
+    assert len(ranges) == 1 and min(ranges)[0] >= 0
+    assert all("s" in p.getAxis("bottom").labelText for p in plots)
+    assert min(t for t, _ in charts.series["cpu_pct"]) >= 0
+
+    # No straight line across the idle time between the two answers: the gap is a break (a NaN).
+    xs, ys = charts.curves["tok_s"].getData()
+    idle = [i for i in range(1, len(xs)) if xs[i] - xs[i - 1] > GAP_S]
+    assert first.steps > 2 and idle  # the idle stretch is in the series
+    assert all(np.isnan(ys[i - 1]) or np.isnan(ys[i]) for i in idle)
+    assert charts.curves["tok_s"].opts["connect"] == "finite"
+
+    # Tall enough to read at 768 px.
+    qtbot.waitUntil(lambda: min(p.height() for p in shown_plots(charts)) > 0, timeout=5000)
+    assert min(p.height() for p in shown_plots(charts)) >= 110, [p.height() for p in shown_plots(charts)]
+
+
+def step(elapsed: float, tokens: int = 2) -> Step:
+    return Step(index=0, tokens=(1,) * tokens, text="", drafted=tokens - 1, accepted=tokens - 1, draft_depth=tokens - 1,
+                t_draft=0.0, t_verify=0.0, t_accept=0.0, elapsed=elapsed)
+
+
+def test_the_decode_rate_is_measured_on_the_engines_clock(qtbot):
+    """Steps reach the GUI thread in bursts: arriving together, they still make their real rate;
+    and the first step of the next run is not measured against the last one of the previous."""
+    charts = LiveCharts(None, has_gpu=False)
+    qtbot.addWidget(charts)
+    for elapsed in (0.10, 0.20, 0.30, 0.40):  # all at once, as after a busy moment of the GUI thread
+        charts.add_step(step(elapsed))
+    assert [v for _, v in charts.series["tok_s"]] == pytest.approx([20.0, 20.0, 20.0])  # 2 tokens per 0.1 s
+    charts.add_step(step(0.05))  # the next answer's first step
+    assert len(charts.series["tok_s"]) == 3
+    charts.add_step(step(0.15, tokens=4))
+    assert charts.series["tok_s"][-1][1] == pytest.approx(40.0)
+    for elapsed in (0.6, 1.1, 1.6, 2.1):  # older steps leave the one-second window
+        charts.add_step(step(elapsed, tokens=1))
+    assert charts.series["tok_s"][-1][1] == pytest.approx(2.0)  # one token per half second
