@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QGridLayout,
     QHBoxLayout,
+    QHeaderView,
     QLabel,
     QListWidget,
     QListWidgetItem,
@@ -42,10 +43,13 @@ from backends.core.types import Finished, Step
 from backends.drafters import REGISTRY
 from backends.models.paths import data_dir
 from desktop.forms import PromptBox
+from desktop.panels import ScrollColumn
 from desktop.worker import CompareDone, CompareEvent, CompareRow
 
 COLUMNS = ("method", "decode tok/s", "speedup", "tau", "acceptance", "J/token", "identical to ar")
 NEAR_TIE = 0.1  # a first difference this close to a tie is a rounding effect, not a bug
+CHART_MIN_WIDTH = 220  # pixels for the bar chart beside the table
+VERDICT_MIN_WIDTH = 110  # pixels for the last column ("identical to ar"); longer verdicts wrap
 
 
 class ComparePanel(QWidget):
@@ -69,12 +73,13 @@ class ComparePanel(QWidget):
         self.prompt.submitted.connect(self.run)
         self.setFocusProxy(self.prompt)  # the tab's own box gets the keys when the tab is shown
         self.prompt.setMaximumHeight(90)
+        self.prompt.setMinimumHeight(44)  # two lines: the tab must fit under a 768-pixel screen's charts
         self.category = QComboBox()
         self.category.addItems(["mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"])
         self.sample_button = QPushButton("Sample from Spec-Bench")
         self.sample_button.clicked.connect(self.sample_prompt)
         self.checks: dict[str, QCheckBox] = {}
-        methods_row = QHBoxLayout()
+        methods_row = QHBoxLayout()  # the methods on one row, what to run on the next: fits 1366 pixels
         methods_row.addWidget(QLabel("Methods:"))
         for name in REGISTRY:
             box = QCheckBox(name)
@@ -89,8 +94,13 @@ class ComparePanel(QWidget):
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
         self.stop_button.clicked.connect(self.stop_requested)
-        for w in (self.category, self.sample_button, self.run_button, self.stop_button):
-            methods_row.addWidget(w)
+        run_row = QHBoxLayout()
+        run_row.addWidget(QLabel("Spec-Bench category:"))
+        for w in (self.category, self.sample_button):
+            run_row.addWidget(w)
+        run_row.addStretch(1)
+        for w in (self.run_button, self.stop_button):
+            run_row.addWidget(w)
 
         self.pane_grid = QGridLayout()
         panes = QWidget()
@@ -99,9 +109,18 @@ class ComparePanel(QWidget):
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setObjectName("compare_table")
         self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.horizontalHeader().setStretchLastSection(True)
-        self.chart = pg.PlotWidget(title="decode tokens/s")
-        self.chart.setMinimumHeight(140)
+        header = self.table.horizontalHeader()
+        for column in range(len(COLUMNS) - 1):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)  # long verdicts wrap
+        self.table.setWordWrap(True)
+        self.chart = pg.PlotWidget()  # horizontal bars, one row per method (its height grows with them): names never overlap
+        self.chart.setMinimumHeight(chart_height(len(REGISTRY)))
+        self.chart.setMinimumWidth(CHART_MIN_WIDTH)
+        self.chart.invertY(True)
+        self.chart.setMouseEnabled(x=False, y=False)
+        self.chart.setMenuEnabled(False)
+        self.chart.setLabel("bottom", "decode tok/s")
         self.export_csv = QPushButton("Export CSV")
         self.export_csv.clicked.connect(lambda: self._export("csv"))
         self.export_json = QPushButton("Export JSON")
@@ -109,6 +128,7 @@ class ComparePanel(QWidget):
         self._set_exportable(False)
         self.history = QListWidget()
         self.history.setObjectName("compare_history")
+        self.history.setMinimumHeight(44)  # two runs; the list scrolls
         self.history.itemActivated.connect(self._load_history_item)
         self.history.itemClicked.connect(self._load_history_item)
         self.note = QLabel()
@@ -130,13 +150,16 @@ class ComparePanel(QWidget):
         rv.addLayout(buttons)
         rv.addWidget(self.history)
 
+        results.layout().setContentsMargins(0, 0, 4, 0)
         split = QSplitter(Qt.Orientation.Vertical)
         split.addWidget(panes)
-        split.addWidget(results)
+        split.addWidget(ScrollColumn(results, stretch=False))  # scrolls on a short screen
         layout = QVBoxLayout(self)
         layout.addWidget(self.prompt)
         layout.addLayout(methods_row)
+        layout.addLayout(run_row)
         layout.addWidget(split, 1)
+        self._fit_table()
 
     # -- running -----------------------------------------------------------------------------
     def methods(self) -> tuple[str, ...]:
@@ -178,7 +201,7 @@ class ComparePanel(QWidget):
         self.note.setText("")
         self.table.setRowCount(0)
         self.chart.clear()
-        self.chart.getAxis("bottom").setTicks(None)  # the last run's method names go with its bars
+        self.chart.getAxis("left").setTicks(None)  # the last run's method names go with its bars
         while self.pane_grid.count():  # the previous run's headers and panes
             widget = self.pane_grid.takeAt(0).widget()
             if widget is not None:
@@ -187,6 +210,7 @@ class ComparePanel(QWidget):
         for col, name in enumerate(m for m in REGISTRY if m in methods):
             pane = QTextBrowser()
             pane.setObjectName(f"pane_{name}")
+            pane.setMinimumHeight(48)  # three lines; it scrolls
             self.panes[name] = pane
             self.texts[name] = ""
             self.pane_grid.addWidget(QLabel(f"<b>{name}</b>"), 0, col)
@@ -236,20 +260,31 @@ class ComparePanel(QWidget):
         for r, row in enumerate(done.rows):
             for c, value in enumerate(_cells(row)):
                 item = QTableWidgetItem(value)
+                item.setToolTip(value)
                 item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEditable)
                 self.table.setItem(r, c, item)
-        self.table.resizeColumnsToContents()
+        self.table.resizeRowsToContents()
+        self._fit_table()
         self.chart.clear()
         ran = [row for row in done.rows if not row.error]
         rates = [row.decode_tok_s if math.isfinite(row.decode_tok_s) else 0.0 for row in ran]
-        self.chart.addItem(pg.BarGraphItem(x=list(range(len(rates))), height=rates, width=0.6, brush=(60, 140, 230)))
-        self.chart.getAxis("bottom").setTicks([[(i, row.method) for i, row in enumerate(ran)]])
+        self.chart.addItem(pg.BarGraphItem(x0=0, y=list(range(len(rates))), width=rates, height=0.6, brush=(60, 140, 230)))
+        self.chart.getAxis("left").setTicks([[(i, row.method) for i, row in enumerate(ran)]])
         notes = [f"{row.method} could not run: {row.error}" for row in done.rows if row.error]
         if any(not row.identical for row in ran):
             notes.append(f"Outputs that differ from plain decoding show the target's top-1 minus top-2 logit at the "
                          f"first difference: below {NEAR_TIE} it is a near-tie that batched and one-token evaluation "
                          f"round differently, not a different distribution.")
         self.note.setText("\n".join(notes))
+
+    def _fit_table(self) -> None:
+        """Wide enough for every column but the last at its content's width, and the last (whether
+        the output is identical) at ``VERDICT_MIN_WIDTH``, wrapping beyond: so no column is ever
+        hidden behind a sideways scroll bar."""
+        table, header = self.table, self.table.horizontalHeader()
+        columns = sum(max(header.sectionSizeHint(c), table.sizeHintForColumn(c)) for c in range(table.columnCount() - 1))
+        frame = 2 * table.frameWidth() + table.verticalHeader().sizeHint().width()
+        table.setMinimumWidth(columns + VERDICT_MIN_WIDTH + frame)
 
     def _save(self, done: CompareDone) -> None:
         self.history_dir.mkdir(parents=True, exist_ok=True)
@@ -304,6 +339,11 @@ def export(done: CompareDone, path: Path, kind: str) -> None:
 
 def _known(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def chart_height(bars: int) -> int:
+    """Pixels for the bar chart: a row of text per method, and its axis."""
+    return 22 * bars + 50
 
 
 def _cells(row: CompareRow) -> tuple[str, ...]:

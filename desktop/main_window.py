@@ -12,7 +12,7 @@ import html
 import itertools
 from pathlib import Path
 
-from PySide6.QtCore import QCoreApplication, QEvent, QMetaObject, QSettings, Qt, QThread, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QMetaObject, QSettings, QSize, Qt, QThread, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -45,7 +44,7 @@ from desktop.chat import ChatPanel
 from desktop.compare import ComparePanel
 from desktop.jobs import run_job
 from desktop.library import ModelLibrary
-from desktop.panels import HardwarePanel, MethodAdvice, MethodPanel, SamplingPanel
+from desktop.panels import HardwarePanel, MethodAdvice, MethodPanel, SamplingPanel, ScrollColumn
 from desktop.store import ConversationStore
 from desktop.worker import (
     AnswerEvent,
@@ -60,6 +59,10 @@ from desktop.worker import (
 )
 
 TITLE = "SpecDeck"
+PREFERRED_SIZE = QSize(1800, 1000)  # the first window where the screen has room (a 1920x1080 one)
+WIDE_LAYOUT = 1700  # window width from which Models and Method and sampling each get a side
+SIDE_WIDTH = 520  # Models' table and buttons (or the shared column on a narrower window)
+METHOD_WIDTH = 360  # Method and sampling on the right, in the wide layout
 
 
 def settings_list(settings: QSettings, key: str) -> list[str]:
@@ -185,21 +188,18 @@ class MainWindow(QMainWindow):
         self.methods.draft_chosen.connect(self.load_draft)
         self.methods.runnable_changed.connect(self.compare.set_available)  # greyed, or settings incomplete
         self.sampling = SamplingPanel()
-        side = QWidget()
-        sv = QVBoxLayout(side)
-        sv.addWidget(self.methods)
-        sv.addWidget(self.sampling)
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setWidget(side)
         self.charts = LiveCharts(self.sampler, has_gpu=bool(self.sampler and self.sampler.has_gpu))
         self.worker.plain_rate.connect(self.charts.set_reference)  # measured after each plain-decoding run
-        self._dock("Models", self.library, Qt.DockWidgetArea.LeftDockWidgetArea)
-        hw_dock = self._dock("Hardware", self.hardware_panel, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.tabifyDockWidget(self.findChild(QDockWidget, "dock_Models"), hw_dock)
-        self.findChild(QDockWidget, "dock_Models").raise_()
-        self._dock("Method and sampling", scroll, Qt.DockWidgetArea.RightDockWidgetArea)
-        self._dock("Live charts", self.charts, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.docks = {
+            "models": self._dock("Models", self.library, Qt.DockWidgetArea.LeftDockWidgetArea),
+            "hardware": self._dock("Hardware", self.hardware_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
+            "method": self._dock("Method and sampling", ScrollColumn(self.methods, self.sampling),
+                                 Qt.DockWidgetArea.RightDockWidgetArea),
+            "charts": self._dock("Live charts", self.charts, Qt.DockWidgetArea.BottomDockWidgetArea),
+        }
+        # The side columns run the full height; the charts sit under the conversation only.
+        self.setCorner(Qt.Corner.BottomLeftCorner, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.setCorner(Qt.Corner.BottomRightCorner, Qt.DockWidgetArea.RightDockWidgetArea)
 
         self.status_label = QLabel("No model loaded")
         self.progress = QProgressBar()
@@ -229,18 +229,69 @@ class MainWindow(QMainWindow):
     # -- settings ----------------------------------------------------------------------------
     def _restore(self) -> None:
         geometry, state = self.settings.value("window/geometry"), self.settings.value("window/state")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
-        else:
-            self.resize(1400, 900)
-        if state is not None:
-            self.restoreState(state)
+        if geometry is None or not self.restoreGeometry(geometry):
+            self._default_geometry()
+        if state is None or not self.restoreState(state) or not self._fits_screen():
+            self._default_docks()
         sampling = self.settings.value("sampling/state")
         if isinstance(sampling, dict):
             self.sampling.restore(sampling)
         self.sampling.system.setPlainText(str(self.settings.value("sampling/system", "") or ""))
         self._wanted_method = str(self.settings.value("method/name", "") or "")  # first launch: the recommended one
         self.methods.select(self._wanted_method)
+
+    def _default_geometry(self) -> None:
+        """``PREFERRED_SIZE`` centred where the screen has room for it, else maximized (a laptop's
+        1366x768): the window is never larger than the screen it opens on."""
+        available = self.screen().availableGeometry()
+        if available.width() >= PREFERRED_SIZE.width() + 40 and available.height() >= PREFERRED_SIZE.height() + 60:
+            self.resize(PREFERRED_SIZE)
+            self.move(available.center() - self.rect().center())
+        else:
+            self.resize(available.size())
+            self.setWindowState(Qt.WindowState.WindowMaximized)
+
+    def _default_docks(self) -> None:
+        """Models and Hardware on the left and Method and sampling on the right where the window is
+        wide enough for all three beside the conversation (``WIDE_LAYOUT``); on a narrower one the
+        three share one column as tabs, so each keeps the width it needs. Once shown, the charts
+        get a quarter of the height per row of plots, at most two fifths (``_default_dock_sizes``)."""
+        d = self.docks
+        width = self.screen().availableGeometry().width() if self.windowState() & Qt.WindowState.WindowMaximized else self.width()
+        for dock in d.values():
+            dock.show()
+        if width >= WIDE_LAYOUT:
+            self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, d["models"])
+            self.tabifyDockWidget(d["models"], d["hardware"])
+            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, d["method"])
+            d["models"].raise_()
+        else:
+            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, d["method"])
+            self.tabifyDockWidget(d["method"], d["models"])
+            self.tabifyDockWidget(d["models"], d["hardware"])
+            d["method"].raise_()
+        self._size_docks_when_shown = True
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        """Dock sizes set before the first show are scaled away when the window takes its final
+        size (maximized on a small screen), so the default ones are set once it has it."""
+        super().showEvent(event)
+        if getattr(self, "_size_docks_when_shown", False):
+            self._size_docks_when_shown = False
+            QTimer.singleShot(0, self._default_dock_sizes)
+
+    def _default_dock_sizes(self) -> None:
+        d = self.docks
+        if d["models"].isFloating() or self.dockWidgetArea(d["models"]) == Qt.DockWidgetArea.LeftDockWidgetArea:
+            self.resizeDocks([d["models"], d["method"]], [SIDE_WIDTH, METHOD_WIDTH], Qt.Orientation.Horizontal)
+        else:
+            self.resizeDocks([d["method"]], [SIDE_WIDTH], Qt.Orientation.Horizontal)
+        wanted = min(self.charts.rows * self.height() // 4, self.height() * 2 // 5)  # a quarter per row of plots
+        self.resizeDocks([d["charts"]], [max(self.charts.minimumHeight(), wanted)], Qt.Orientation.Vertical)
+
+    def _fits_screen(self) -> bool:
+        """The restored layout's minimum fits the screen (it was saved on a larger one, or not)."""
+        return self.minimumSizeHint().width() <= self.screen().availableGeometry().width()
 
     def save_settings(self) -> None:
         s = self.settings

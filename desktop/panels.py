@@ -1,4 +1,5 @@
-"""The side panels: sampling settings, the method chooser, the hardware report."""
+"""The side panels: sampling settings, the method chooser, the hardware report, and the scrolling
+column that holds the first two in their dock."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, QSize, Qt, Signal
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -16,6 +17,8 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QLabel,
     QPushButton,
+    QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QStackedWidget,
     QVBoxLayout,
@@ -122,6 +125,7 @@ class MethodPanel(QGroupBox):
         layout = QVBoxLayout(self)
         self.combo = QComboBox()
         self.combo.setObjectName("method")
+        self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)  # labels are never cut
         self.items = QStandardItemModel(self)
         self.combo.setModel(self.items)
         self.reason = QLabel("Load a model to see which methods fit.")
@@ -143,6 +147,7 @@ class MethodPanel(QGroupBox):
             self.forms.addWidget(form)
         self.draft_box = QComboBox()
         self.draft_box.setObjectName("draft_model")
+        self.draft_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.draft_items = QStandardItemModel(self)
         self.draft_box.setModel(self.draft_items)
         self.load_draft = QPushButton("Load draft model")
@@ -219,7 +224,11 @@ class MethodPanel(QGroupBox):
 
     def _on_method(self, _row: int) -> None:
         name = self.method()
+        for form in self.form_of.values():  # the stack as tall as the shown form, not the tallest one
+            policy = QSizePolicy.Policy.Preferred if form is self.form_of[name] else QSizePolicy.Policy.Ignored
+            form.setSizePolicy(policy, policy)
         self.forms.setCurrentWidget(self.form_of[name])
+        self.forms.adjustSize()
         self._show_details(name)
         self.method_changed.emit(name)
 
@@ -350,6 +359,44 @@ def _why_disabled(name: str, missing: frozenset[str], rec: Recommendation | None
         return (f"needs {_needs(missing)}; none in the library can draft for this model (the Draft model list "
                 "below says why for each; Add folder ... or Hugging Face ... in Models brings others)")
     return f"needs {_needs(missing)}"
+
+
+class ScrollColumn(QScrollArea):
+    """Panels stacked in a column that scrolls up and down, never sideways.
+
+    A plain ``QScrollArea`` asks its dock for almost no width, so the dock could be squeezed to
+    70 pixels with every label cut ("M...", "Recor"). This one asks for the width its panels need
+    (their minimum plus the vertical scroll bar) and asks again whenever their content changes,
+    so the dock is never narrower than what it holds and only the height scrolls. (The Method and
+    sampling dock; the comparison's results, which on a short screen scroll rather than push the
+    window past its bottom edge.)
+    """
+
+    def __init__(self, *panels: QWidget, stretch: bool = True, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        column = QWidget()
+        layout = QVBoxLayout(column)
+        for panel in panels:
+            layout.addWidget(panel)
+        if stretch:
+            layout.addStretch(1)
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setWidget(column)
+        column.installEventFilter(self)
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt's name
+        if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self.updateGeometry()  # what the panels need changed (new advice, another method's form)
+        return super().eventFilter(watched, event)
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        need = self.widget().minimumSizeHint().width() + self.verticalScrollBar().sizeHint().width() + 2 * self.frameWidth()
+        return QSize(need, super().minimumSizeHint().height())
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        hint = super().sizeHint()
+        return QSize(max(hint.width(), self.minimumSizeHint().width()), hint.height())
 
 
 class HardwarePanel(QWidget):

@@ -2,14 +2,18 @@
 
     xvfb-run -a python packaging/screenshots.py          # under Xvfb (Debian: apt install xvfb)
     QT_QPA_PLATFORM=offscreen python packaging/screenshots.py
+    python packaging/screenshots.py --size 1366x768      # offscreen, as on a screen of that size
 
 Opens the main window on the bundled model in a fresh profile, asks two questions, runs the
-comparison panel with ar and pld, and saves PNGs to assets/screenshots/.
+comparison panel with ar and pld, and saves PNGs to assets/screenshots/. Without ``--size`` the
+window is 1600x1000; with it, the window opens as it does for a new user on a screen of that size
+(offscreen), and the PNGs are named after the size (``main-window-1366x768.png``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -22,7 +26,7 @@ os.environ.setdefault("SPECDECK_DATA_DIR", tempfile.mkdtemp(prefix="specdeck-scr
 
 
 def main() -> None:
-    from PySide6.QtCore import QSettings
+    from PySide6.QtCore import QSettings, Qt
 
     from backends.hardware.telemetry import Sampler
     from desktop.app import create_app
@@ -33,17 +37,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-q4_1")
     p.add_argument("--out", type=Path, default=ROOT / "assets" / "screenshots")
+    p.add_argument("--size", default=None, help="WIDTHxHEIGHT of an offscreen screen to open the window on")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    app = create_app()
+    app = create_app([sys.argv[0], "-platform", _offscreen_screen(args.size)] if args.size else None)
+    suffix = f"-{args.size}" if args.size else ""
     home = Path(os.environ["SPECDECK_DATA_DIR"])
     sampler = Sampler.for_this_machine(interval=0.25).start()
     window = MainWindow(sampler=sampler, store=ConversationStore(home / "c.sqlite3"),
                         settings=QSettings(str(home / "s.ini"), QSettings.Format.IniFormat), autoload=args.model)
-    window.resize(1600, 1000)
+    if not args.size:
+        window.setWindowState(Qt.WindowState.WindowNoState)  # not maximized on a small default screen
+        window.resize(1600, 1000)
     window.show()
     wait_until(app, lambda: window.model is not None, 300)
     wait_until(app, lambda: window.methods.advice is not None, 120)
+    window.methods.select("pld")  # prompt lookup, so "Colour drafted tokens" has drafts to shade
     window.sampling.max_tokens.setValue(200)
     for question in ("Give me three tips for keeping houseplants alive, as a list.",
                      "Now write a Python function that waters a plant every 3 days."):
@@ -52,7 +61,7 @@ def main() -> None:
         wait_until(app, lambda: not window.chat.streaming, 300)
     window.chat.colour.setChecked(True)
     _settle(app)
-    window.grab().save(str(args.out / "main-window.png"))
+    window.grab().save(str(args.out / f"main-window{suffix}.png"))
     window.chat.colour.setChecked(False)
     window.tabs.setCurrentWidget(window.compare)
     window.compare.prompt.setPlainText("Summarize in two sentences: The city council met on Tuesday to discuss the new "
@@ -61,10 +70,19 @@ def main() -> None:
     window.compare.run()
     wait_until(app, lambda: not window.compare.running, 300)
     _settle(app)
-    window.grab().save(str(args.out / "comparison.png"))
+    window.grab().save(str(args.out / f"comparison{suffix}.png"))
     window.close()
     sampler.stop()
-    print(f"saved {args.out / 'main-window.png'} and {args.out / 'comparison.png'}")
+    print(f"saved {args.out / f'main-window{suffix}.png'} and {args.out / f'comparison{suffix}.png'}")
+
+
+def _offscreen_screen(size: str) -> str:
+    """Qt's offscreen platform with one screen of ``size`` (WIDTHxHEIGHT), through its config file."""
+    width, height = (int(v) for v in size.lower().split("x"))
+    config = Path(tempfile.mkdtemp(prefix="specdeck-screen-")) / "screen.json"
+    config.write_text(json.dumps({"screens": [{"name": size, "x": 0, "y": 0, "width": width, "height": height,
+                                               "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}))
+    return f"offscreen:configfile={config}"
 
 
 def _settle(app, seconds: float = 1.0) -> None:

@@ -323,7 +323,7 @@ def test_rest_without_a_datastore_is_explained_in_the_window_and_a_failing_metho
     assert set(rows) == {"ar", "pld", "rest"}
     assert rows["ar"][2] == "1.00x" and rows["pld"][1] != "-"
     assert "failed" in rows["rest"][-1] and "not a datastore" in rows["rest"][-1]
-    ticks = [label for _, label in compare.chart.getAxis("bottom")._tickLevels[0]]
+    ticks = [label for _, label in compare.chart.getAxis("left")._tickLevels[0]]
     assert ticks == ["ar", "pld"]  # the chart holds the methods that ran
     assert "rest could not run" in compare.note.text() and "not a datastore" in compare.note.text()
 
