@@ -251,7 +251,8 @@ def divergence(session: Session, runs: list[TurnRun], reference: list[TurnRun], 
         return {"turn": turn, "position": i, "margin": margin, "token": got,
                 "ar_token": ref.tokens[i] if i < len(ref.tokens) else None, "target_top2": [top1, top2],
                 "near_tie": margin <= noise.threshold, "batch_noise": noise.gap_shift,
-                "explained": f"identical up to {noise.describe(margin)} at token {i}"}
+                "explained": (f"identical up to {noise.describe(margin)} at token {i}" if margin <= noise.threshold
+                              else f"differs from token {i}: {noise.describe(margin)}")}
     return None
 
 
