@@ -231,8 +231,8 @@ class MainWindow(QMainWindow):
         geometry, state = self.settings.value("window/geometry"), self.settings.value("window/state")
         if geometry is None or not self.restoreGeometry(geometry):
             self._default_geometry()
-        if state is None or not self.restoreState(state) or not self._fits_screen():
-            self._default_docks()
+        if state is None or self.settings.value("window/screen") != self._screen_size() or not self.restoreState(state):
+            self._default_docks()  # first launch, or the docks were arranged for another screen
         sampling = self.settings.value("sampling/state")
         if isinstance(sampling, dict):
             self.sampling.restore(sampling)
@@ -258,8 +258,6 @@ class MainWindow(QMainWindow):
         get a quarter of the height per row of plots, at most two fifths (``_default_dock_sizes``)."""
         d = self.docks
         width = self.screen().availableGeometry().width() if self.windowState() & Qt.WindowState.WindowMaximized else self.width()
-        for dock in d.values():
-            dock.show()
         if width >= WIDE_LAYOUT:
             self.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, d["models"])
             self.tabifyDockWidget(d["models"], d["hardware"])
@@ -270,6 +268,8 @@ class MainWindow(QMainWindow):
             self.tabifyDockWidget(d["method"], d["models"])
             self.tabifyDockWidget(d["models"], d["hardware"])
             d["method"].raise_()
+        for dock in d.values():
+            dock.show()
         self._size_docks_when_shown = True
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
@@ -289,14 +289,17 @@ class MainWindow(QMainWindow):
         wanted = min(self.charts.rows * self.height() // 4, self.height() * 2 // 5)  # a quarter per row of plots
         self.resizeDocks([d["charts"]], [max(self.charts.minimumHeight(), wanted)], Qt.Orientation.Vertical)
 
-    def _fits_screen(self) -> bool:
-        """The restored layout's minimum fits the screen (it was saved on a larger one, or not)."""
-        return self.minimumSizeHint().width() <= self.screen().availableGeometry().width()
+    def _screen_size(self) -> str:
+        """The screen's available size, saved with the docks: arranged for a larger screen (an
+        external monitor), they would not fit this one, so they are arranged again."""
+        size = self.screen().availableGeometry().size()
+        return f"{size.width()}x{size.height()}"
 
     def save_settings(self) -> None:
         s = self.settings
         s.setValue("window/geometry", self.saveGeometry())
         s.setValue("window/state", self.saveState())
+        s.setValue("window/screen", self._screen_size())
         s.setValue("sampling/state", self.sampling.state())
         s.setValue("sampling/system", self.sampling.system.toPlainText())
         s.setValue("method/name", self.methods.method())

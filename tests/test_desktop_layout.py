@@ -26,10 +26,19 @@ def test_the_window_fits_the_screen_with_every_dock_and_control_readable(tmp_pat
     shots = Path(os.environ.get("SPECDECK_LAYOUT_SHOTS", tmp_path / "shots"))
     env = {**os.environ, "SPECDECK_DATA_DIR": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     env.pop("QT_QPA_PLATFORM", None)  # the driver chooses the platform: offscreen, with a screen of this size
+    launches = 2 if gpu is None and size == "1366x768" else 1  # the second one restores what the first saved
+    for _ in range(launches):
+        check(run_driver(size, shots, gpu, env), size)
+
+
+def run_driver(size: str, shots: Path, gpu: str | None, env: dict) -> dict:
     result = subprocess.run([sys.executable, "-m", "tests.layout_driver", size, str(shots), *([gpu] if gpu else [])],
                             capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def check(report: dict, size: str) -> None:
     width, height = (int(v) for v in size.split("x"))
     for tab in ("chat", "compare"):
         seen = report[tab]
