@@ -107,6 +107,7 @@ class DraftModelDrafter:
         self._off = len(prompt) >= self.draft.n_ctx
         if self._off:  # a draft context shorter than the target's: this answer goes undrafted
             self._pending = []
+            self.declined = f"the prompt does not fit the draft model's {self.draft.n_ctx}-token context"
             return
         self.draft.prefill(prompt[:-1], stop=self._stop)
         self._pending = [prompt[-1]]
@@ -156,6 +157,9 @@ class DraftModelDrafter:
         if length == 0 and not self.controller.can_pay(available, **prices):
             self._hopeless = HOPELESS_SKIP
             self.declined = f"drafting would not pay here: the draft costs {per_token:.2f} of the target"
+        elif length == 0 and not self.declined:  # could pay, but not at the acceptance expected so far
+            self.declined = (f"drafting would not pay here: the draft costs {per_token:.2f} of the target, too much "
+                             "for the acceptance expected so far")
         return length
 
     def _draft_tree(self, row: np.ndarray, history: list[int], length: int, max_nodes: int) -> Proposal:
