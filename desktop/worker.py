@@ -289,18 +289,11 @@ class Worker(QObject):
         if len(prompt) + room <= n_ctx:
             return prompt
         _refuse_if_alone_too_long(session, messages, fmt)
-        dropped = 0
-        while len(prompt) + room > n_ctx:
-            older = [i for i, m in enumerate(messages[:-1]) if m["role"] != "system"]
-            if not older:
-                break
-            del messages[older[0]]
-            dropped += 1
-            prompt = session.model.chat_prompt(messages, chat_format=fmt)
-        if dropped:
-            self.notice.emit(f"the {dropped} oldest message(s) no longer fit the {n_ctx}-token context "
+        fitted = session.fitting_prompt(messages, max_new_tokens=max_new_tokens, chat_format=fmt)
+        if fitted.dropped:
+            self.notice.emit(f"the {fitted.dropped} oldest message(s) no longer fit the {n_ctx}-token context "
                              "and were left out of this answer")
-        return prompt
+        return fitted.tokens
 
     # -- comparing -----------------------------------------------------------------------------
     @Slot(object)
