@@ -299,7 +299,7 @@ class RunStats:
     finish_reason: str
     played: str = ""  # what a method that chooses per answer (auto) played, e.g. "pld"
     # Why the drafter drafted nothing when it chose not to, in words (a drafter's ``declined``),
-    # e.g. "drafting would not pay here: the draft costs 0.78 of the target".
+    # e.g. "drafting would not pay here: a draft token costs 0.78x a target forward".
     declined: str = ""
 
     @property

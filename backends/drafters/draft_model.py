@@ -156,9 +156,9 @@ class DraftModelDrafter:
         length = self.controller.choose(available, **prices)
         if length == 0 and not self.controller.can_pay(available, **prices):
             self._hopeless = HOPELESS_SKIP
-            self.declined = f"drafting would not pay here: the draft costs {per_token:.2f} of the target"
+            self.declined = f"drafting would not pay here: a draft token costs {per_token:.2f}x a target forward"
         elif length == 0 and not self.declined:  # could pay, but not at the acceptance expected so far
-            self.declined = (f"drafting would not pay here: the draft costs {per_token:.2f} of the target, too much "
+            self.declined = (f"drafting would not pay here: a draft token costs {per_token:.2f}x a target forward, too much "
                              "for the acceptance expected so far")
         return length
 
