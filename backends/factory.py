@@ -258,7 +258,7 @@ class Session:
         Leaves the target's cache empty."""
         if self._noise is None:
             file = measurement_file("noise", self.model.path, self.target.n_threads, self.config.n_gpu_layers,
-                                    self.config.flash_attn, NOISE_DEPTH, NOISE_LONG)
+                                    self.config.flash_attn, NOISE_DEPTH, NOISE_LONG, "chain+tree")
             try:
                 self._noise = BatchNoise(**json.loads(file.read_text()))
             except (OSError, ValueError, TypeError):

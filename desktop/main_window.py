@@ -36,7 +36,6 @@ from backends.hardware.recommend import recommend
 from backends.hardware.shape import load_shape
 from backends.hardware.telemetry import Sampler
 from backends.hardware.types import HardwareReport
-from backends.llamacpp.target import LlamaTarget
 from backends.models.llama_lib import cpu_runtime
 from backends.models.catalog import CATALOG, DEFAULT_MODEL, is_present, resolve_model
 from desktop.charts import LiveCharts, follow_palette
@@ -506,8 +505,9 @@ def compute_advice(ready: ModelReady, hw: HardwareReport) -> MethodAdvice:
 
     drafts = [resolve_model(m) for m in CATALOG if is_present(m)]
     rt = RuntimeSettings(n_ctx=ready.n_ctx)
+    # What the loaded model offers, not what a transformer would: a recurrent one cannot roll back.
     recs = recommend(ready.path, hw, drafts=drafts, rt=rt, cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes),
-                     target_offers=LlamaTarget.offers, costs=measured_costs)
+                     target_offers=ready.offers, costs=measured_costs)
     shape = load_shape(ready.path)
     compatible = recs.compatible_drafts
     draft = load_shape(ready.draft_model) if ready.draft_model else (compatible[0] if compatible else None)

@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QElapsedTimer, QSettings, QTimer
-from PySide6.QtWidgets import QApplication
 
 from backends.core.types import Finished, Step
 from backends.hardware.telemetry import Sampler
 from desktop.app import create_app
+from desktop.headless import wait_until
 from desktop.main_window import MainWindow
 from desktop.store import ConversationStore
 
@@ -50,15 +50,6 @@ class Probe:
 
     def stop(self) -> None:
         self.timer.stop()
-
-
-def wait_until(app: QApplication, condition, timeout_s: float) -> None:
-    end = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > end:
-            raise TimeoutError(f"timed out after {timeout_s} s")
-        app.processEvents()
-        time.sleep(0.002)
 
 
 def measure(model: str, *, answers: int, stops: int, max_tokens: int) -> dict:

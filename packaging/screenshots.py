@@ -13,11 +13,9 @@ window is 1600x1000; with it, the window opens as it does for a new user on a sc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +29,7 @@ def main() -> None:
     from backends.hardware.telemetry import Sampler
     from desktop.app import create_app
     from desktop.main_window import MainWindow
-    from desktop.responsiveness import wait_until
+    from desktop.headless import offscreen_screen, settle, wait_until
     from desktop.store import ConversationStore
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -40,7 +38,7 @@ def main() -> None:
     p.add_argument("--size", default=None, help="WIDTHxHEIGHT of an offscreen screen to open the window on")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    app = create_app([sys.argv[0], "-platform", _offscreen_screen(args.size)] if args.size else None)
+    app = create_app([sys.argv[0], "-platform", offscreen_screen(args.size)] if args.size else None)
     suffix = f"-{args.size}" if args.size else ""
     home = Path(os.environ["SPECDECK_DATA_DIR"])
     sampler = Sampler.for_this_machine(interval=0.25).start()
@@ -60,7 +58,7 @@ def main() -> None:
         window.chat.send()
         wait_until(app, lambda: not window.chat.streaming, 300)
     window.chat.colour.setChecked(True)
-    _settle(app)
+    settle(app)
     window.grab().save(str(args.out / f"main-window{suffix}.png"))
     window.chat.colour.setChecked(False)
     window.tabs.setCurrentWidget(window.compare)
@@ -69,28 +67,11 @@ def main() -> None:
                                        "starts in May and ends in October.")
     window.compare.run()
     wait_until(app, lambda: not window.compare.running, 300)
-    _settle(app)
+    settle(app)
     window.grab().save(str(args.out / f"comparison{suffix}.png"))
     window.close()
     sampler.stop()
     print(f"saved {args.out / f'main-window{suffix}.png'} and {args.out / f'comparison{suffix}.png'}")
-
-
-def _offscreen_screen(size: str) -> str:
-    """Qt's offscreen platform with one screen of ``size`` (WIDTHxHEIGHT), through its config file."""
-    width, height = (int(v) for v in size.lower().split("x"))
-    config = Path(tempfile.mkdtemp(prefix="specdeck-screen-")) / "screen.json"
-    config.write_text(json.dumps({"screens": [{"name": size, "x": 0, "y": 0, "width": width, "height": height,
-                                               "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}))
-    return f"offscreen:configfile={config}"
-
-
-def _settle(app, seconds: float = 1.0) -> None:
-    """Let the charts' timer and layout catch up before grabbing."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        app.processEvents()
-        time.sleep(0.02)
 
 
 if __name__ == "__main__":

@@ -19,21 +19,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 from PySide6.QtWidgets import QApplication
-import tempfile
-import time
-from pathlib import Path
+
+from desktop.headless import settle
 
 
 DOCK_TITLE_BUTTONS = 48  # pixels of a dock's title bar taken by its float and close buttons
-
-
-def _platform(width: int, height: int) -> str:
-    config = Path(tempfile.mkdtemp(prefix="specdeck-screen-")) / "screen.json"
-    config.write_text(json.dumps({"screens": [{"name": f"screen{width}x{height}", "x": 0, "y": 0, "width": width,
-                                               "height": height, "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}))
-    return f"offscreen:configfile={config}"
 
 
 def clipped(root) -> list[str]:
@@ -97,13 +91,13 @@ def tabbed_docks(window, out: Path, name: str) -> dict[str, list[str]]:
         if not window.tabifiedDockWidgets(dock):
             continue
         dock.raise_()
-        _settle(QApplication.instance(), 0.3)
+        settle(QApplication.instance(), 0.3)
         found[dock.windowTitle()] = clipped(window)
         dock.grab().save(str(out / f"{name}-{dock.objectName()}.png"))
     first = [d for d in docks if window.tabifiedDockWidgets(d)]
     if first:
         (next((d for d in first if d.objectName() == "dock_Method"), first[0])).raise_()
-        _settle(QApplication.instance(), 0.3)
+        settle(QApplication.instance(), 0.3)
     return found
 
 
@@ -138,17 +132,16 @@ def _plots(charts) -> list:
 
 
 def main(size: str, out: Path, gpu_recording: str | None = None) -> int:
-    width, height = (int(v) for v in size.split("x"))
     os.environ.setdefault("SPECDECK_DATA_DIR", tempfile.mkdtemp(prefix="specdeck-layout-"))
     from PySide6.QtCore import QSettings
 
     from backends.hardware.telemetry import Rapl, Sampler
     from desktop.app import create_app
     from desktop.main_window import MainWindow
-    from desktop.responsiveness import wait_until
+    from desktop.headless import offscreen_screen, wait_until
     from desktop.store import ConversationStore
 
-    app = create_app([sys.argv[0], "-platform", _platform(width, height)])
+    app = create_app([sys.argv[0], "-platform", offscreen_screen(size)])
     home = Path(os.environ["SPECDECK_DATA_DIR"])
     gpus = None
     if gpu_recording:
@@ -167,7 +160,7 @@ def main(size: str, out: Path, gpu_recording: str | None = None) -> int:
     window.chat.input.setPlainText("Give me three tips for keeping houseplants alive.")
     window.chat.send()
     wait_until(app, lambda: not window.chat.streaming, 300)
-    _settle(app)
+    settle(app)
     out.mkdir(parents=True, exist_ok=True)
     chat = report(window)
     tag = f"{size}-gpu" if gpu_recording else size
@@ -178,7 +171,7 @@ def main(size: str, out: Path, gpu_recording: str | None = None) -> int:
         box.setChecked(box.isEnabled() and name in ("ar", "pld", "lookahead", "auto"))
     window.compare.run()
     wait_until(app, lambda: not window.compare.running, 600)
-    _settle(app)
+    settle(app)
     compare = report(window)
     window.grab().save(str(out / f"compare-{tag}.png"))
     docks = tabbed_docks(window, out, tag)
@@ -187,14 +180,6 @@ def main(size: str, out: Path, gpu_recording: str | None = None) -> int:
     sampler.stop()
     QApplication.processEvents()
     return 0
-
-
-def _settle(app, seconds: float = 1.0) -> None:
-    """Let timers (charts, transcript) and layouts catch up before measuring."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        app.processEvents()
-        time.sleep(0.02)
 
 
 if __name__ == "__main__":

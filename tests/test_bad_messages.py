@@ -11,42 +11,10 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 
-from desktop.chat import ChatPanel  # noqa: E402
-from desktop.main_window import MainWindow  # noqa: E402
-from tests.test_desktop import ANSWER_TIMEOUT, BUNDLED, LOAD_TIMEOUT, Recorder, close_window, open_window, send  # noqa: E402
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A fresh user: data directory and settings file of its own (as in test_desktop)."""
-    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path
-
-
-@pytest.fixture
-def window(qtbot, home):
-    w = open_window(qtbot, home)
-    yield w
-    close_window(w)
-
-
-def ask(qtbot, window: MainWindow, text: str) -> Recorder:
-    rec = Recorder(window)
-    send(qtbot, window, text)
-    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
-    window.worker.answer_event.disconnect(rec.on_event)
-    return rec
-
-
-def shown(chat: ChatPanel) -> list[tuple[str, str]]:
-    return [(m.role, m.content) for m in chat.messages]
-
-
-def stored(chat: ChatPanel) -> list[tuple[str, str]]:
-    return [(m.role, m.content) for m in chat.store.messages(chat.conversation)]
+from tests.desktop_kit import (ANSWER_TIMEOUT, BUNDLED, LOAD_TIMEOUT, Recorder, ask, home,  # noqa: E402,F401
+                               send, shown, stored, window)
 
 
 # -- an empty message -----------------------------------------------------------------------------

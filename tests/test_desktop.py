@@ -6,86 +6,17 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from pathlib import Path  # noqa: E402
-
 import pytest  # noqa: E402
-from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 
-from backends.core.types import Finished, Step  # noqa: E402
+from backends.core.types import ROLLBACK  # noqa: E402
+from backends.drafters import REGISTRY  # noqa: E402
 from backends.hardware.gpus import NvmlSession  # noqa: E402
-from backends.hardware.telemetry import GpuSource, Rapl, Sampler  # noqa: E402
 from backends.models.catalog import resolve_model  # noqa: E402
 from desktop.charts import NO_GPU  # noqa: E402
-from desktop.jobs import wait_for_jobs  # noqa: E402
-from desktop.main_window import MainWindow  # noqa: E402
-from desktop.store import ConversationStore  # noqa: E402
+from tests.desktop_kit import (ANSWER_TIMEOUT, BUNDLED, LOAD_TIMEOUT, Recorder, close_window,  # noqa: E402,F401
+                               home, open_window, send, window)
 from tests.hw_replay import load_replay  # noqa: E402
-
-BUNDLED = "smollm2-135m-q4_1"
-LOAD_TIMEOUT = 120_000
-ANSWER_TIMEOUT = 120_000
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A fresh user: data directory (conversations, comparisons) and settings file of its own."""
-    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path
-
-
-def open_window(qtbot, home: Path, *, autoload: str | None = BUNDLED, gpus: GpuSource | None = None) -> MainWindow:
-    """The window on a sampler of this machine's CPU and RAM and of ``gpus`` only (a recording, or
-    none): what the charts show of GPUs is then the same on every PC."""
-    sampler = Sampler(interval=0.1, gpus=gpus, rapl=Rapl("/nonexistent")).start()
-    settings = QSettings(str(home / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(sampler=sampler, store=ConversationStore(home / "conversations.sqlite3"), settings=settings,
-                        autoload=autoload)
-    qtbot.addWidget(window)
-    window.show()
-    qtbot.waitExposed(window)
-    if autoload:
-        qtbot.waitUntil(lambda: window.model is not None, timeout=LOAD_TIMEOUT)
-    return window
-
-
-def close_window(window: MainWindow) -> None:
-    sampler = window.sampler
-    window.close()
-    if sampler is not None:
-        sampler.stop()
-    wait_for_jobs()  # background estimates of this window end before the next test starts
-
-
-@pytest.fixture
-def window(qtbot, home):
-    w = open_window(qtbot, home)
-    yield w
-    close_window(w)
-
-
-class Recorder:
-    """Counts what the worker streams to the window (called on the worker thread as it is sent)."""
-
-    def __init__(self, window: MainWindow) -> None:
-        self.window = window
-        self.steps = 0
-        self.finished: Finished | None = None
-        window.worker.answer_event.connect(self.on_event)
-
-    def done(self) -> bool:
-        """The worker finished and the window has shown it (the chat is no longer streaming)."""
-        return self.finished is not None and not self.window.chat.streaming
-
-    def on_event(self, ev) -> None:
-        if isinstance(ev.event, Step):
-            self.steps += 1
-        elif isinstance(ev.event, Finished):
-            self.finished = ev.event
-
-
-def send(qtbot, window: MainWindow, text: str) -> None:
-    window.chat.input.setPlainText(text)
-    qtbot.keyClick(window.chat.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
 
 
 def test_window_opens_with_the_bundled_model_ready(window):
@@ -185,6 +116,14 @@ def test_method_chooser_labels_fit_and_greys_out_what_cannot_run(qtbot, window):
     assert window.methods.disabled_reason("pld") is None and window.methods.select("pld")
     assert "MiB" in window.methods.memory.text()  # the memory terms of the chosen method
     assert not window.compare.checks["draft"].isEnabled()
+
+    # A recurrent model (Mamba, RWKV) offers no rollback: everything that drafts is greyed out, and
+    # the chosen pld falls back to plain decoding, in the chooser and in the comparison panel.
+    window.methods.set_advice(window.methods.advice, window.model.offers - {ROLLBACK})
+    assert window.methods.method() == "ar" and window.methods.disabled_reason("ar") is None
+    for name in set(REGISTRY) - {"ar"}:
+        assert "cache can forget rejected guesses" in (window.methods.disabled_reason(name) or ""), name
+    assert not window.compare.checks["pld"].isEnabled() and window.compare.checks["ar"].isChecked()  # ar: always run
 
 
 def test_comparison_runs_ar_and_pld_and_marks_identical_output(qtbot, window):

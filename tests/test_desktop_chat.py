@@ -10,7 +10,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import re  # noqa: E402
 
-import pytest  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtGui import QColor, QPalette, QTextCursor, QTextFormat  # noqa: E402
 from PySide6.QtWidgets import QApplication, QTextBrowser  # noqa: E402
@@ -19,32 +18,10 @@ from backends.models.catalog import resolve_model  # noqa: E402
 from desktop.chat import ChatPanel  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from desktop.store import ConversationStore, StoredMessage  # noqa: E402
-from tests.test_desktop import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send  # noqa: E402
+from tests.desktop_kit import (ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, ask, close_window, home,  # noqa: E402,F401
+                               open_window, stored, window)
 
 SMOLLM_F16 = "smollm2-135m-f16"
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A fresh user: data directory and settings file of its own (as in test_desktop)."""
-    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path
-
-
-@pytest.fixture
-def window(qtbot, home):
-    w = open_window(qtbot, home)
-    yield w
-    close_window(w)
-
-
-def ask(qtbot, window: MainWindow, text: str) -> Recorder:
-    """Send ``text`` from the message box and wait until its answer is shown."""
-    rec = Recorder(window)
-    send(qtbot, window, text)
-    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
-    window.worker.answer_event.disconnect(rec.on_event)
-    return rec
 
 
 def fragments(browser: QTextBrowser):
@@ -70,10 +47,6 @@ def click_link(qtbot, browser: QTextBrowser, href: str) -> None:
     browser.setTextCursor(cursor)
     browser.ensureCursorVisible()
     qtbot.mouseClick(browser.viewport(), Qt.MouseButton.LeftButton, pos=browser.cursorRect(cursor).center())
-
-
-def stored(chat: ChatPanel) -> list[tuple[str, str]]:
-    return [(m.role, m.content) for m in chat.store.messages(chat.conversation)]
 
 
 # -- editing an earlier message ------------------------------------------------------------------

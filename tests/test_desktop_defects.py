@@ -30,33 +30,10 @@ from backends.hardware.observed import ObservedStore  # noqa: E402
 from backends.core.types import Step  # noqa: E402
 from desktop.charts import GAP_S, NO_GPU, LiveCharts  # noqa: E402
 from desktop.hub import HubDialog  # noqa: E402
-from desktop.main_window import MainWindow  # noqa: E402
-from tests.test_desktop import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send  # noqa: E402
+from tests.desktop_kit import (ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, ask, close_window, home,  # noqa: E402,F401
+                               open_window, send, shown, stored, window)
 
 CTRL, SHIFT = Qt.KeyboardModifier.ControlModifier, Qt.KeyboardModifier.ShiftModifier
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A fresh user: data directory and settings file of its own (as in test_desktop)."""
-    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path
-
-
-@pytest.fixture
-def window(qtbot, home):
-    w = open_window(qtbot, home)
-    qtbot.waitUntil(lambda: not w.busy, timeout=LOAD_TIMEOUT)  # "ready" arrives just before "not busy"
-    yield w
-    close_window(w)
-
-
-def ask(qtbot, window: MainWindow, text: str) -> Recorder:
-    rec = Recorder(window)
-    send(qtbot, window, text)
-    qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
-    window.worker.answer_event.disconnect(rec.on_event)
-    return rec
 
 
 # -- 11: the keyboard -----------------------------------------------------------------------------
@@ -96,14 +73,6 @@ def test_tab_leaves_the_text_boxes_and_ctrl_enter_runs_a_comparison(qtbot, windo
 
 
 # -- 12: smaller ----------------------------------------------------------------------------------
-def shown(chat) -> list[tuple[str, str]]:
-    return [(m.role, m.content) for m in chat.messages]
-
-
-def stored(chat) -> list[tuple[str, str]]:
-    return [(m.role, m.content) for m in chat.store.messages(chat.conversation)]
-
-
 def test_a_long_message_shows_how_far_its_prompt_has_been_read(qtbot, window):
     chat = window.chat
     window.sampling.max_tokens.setValue(4)

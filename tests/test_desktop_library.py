@@ -11,7 +11,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from backends.models.catalog import CATALOG  # noqa: E402
-from tests.test_desktop import LOAD_TIMEOUT, close_window, open_window  # noqa: E402
+from tests.desktop_kit import LOAD_TIMEOUT, close_window, open_window  # noqa: E402
 
 
 def _row(window, spec):

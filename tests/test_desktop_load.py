@@ -15,17 +15,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest  # noqa: E402
 
 from backends.models.catalog import resolve_model  # noqa: E402
-from tests.test_desktop import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send  # noqa: E402
+from tests.desktop_kit import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, home, send, window  # noqa: E402,F401
 from tests.test_gguf_fuzz import tiny_gguf  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
-    w = open_window(qtbot, tmp_path)
-    qtbot.waitUntil(lambda: not w.busy, timeout=LOAD_TIMEOUT)
-    yield w
-    close_window(w)
 
 
 def truncated_copy(folder):

@@ -9,7 +9,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QSettings  # noqa: E402
 
 from desktop.main_window import settings_list  # noqa: E402
-from tests.test_desktop import close_window, open_window  # noqa: E402
+from tests.desktop_kit import close_window, open_window  # noqa: E402
 
 
 def test_lists_round_trip_through_the_ini_backend(tmp_path, qapp):

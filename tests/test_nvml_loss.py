@@ -21,12 +21,9 @@ from types import SimpleNamespace  # noqa: E402
 
 import pynvml  # noqa: E402
 import pytest  # noqa: E402
-from PySide6.QtCore import QSettings  # noqa: E402
 
 from backends.hardware.telemetry import Sampler  # noqa: E402
-from desktop.main_window import MainWindow  # noqa: E402
-from desktop.store import ConversationStore  # noqa: E402
-from tests.test_desktop import ANSWER_TIMEOUT, BUNDLED, LOAD_TIMEOUT, Recorder, close_window, send  # noqa: E402
+from tests.desktop_kit import ANSWER_TIMEOUT, Recorder, close_window, home, open_window, send  # noqa: E402,F401
 
 GIB = 2**30
 
@@ -91,23 +88,6 @@ def _raiser(error):
     return call
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path
-
-
-def open_window_with(qtbot, home, sampler: Sampler) -> MainWindow:
-    settings = QSettings(str(home / "settings.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(sampler=sampler, store=ConversationStore(home / "conversations.sqlite3"), settings=settings,
-                        autoload=BUNDLED)
-    qtbot.addWidget(window)
-    window.show()
-    qtbot.waitExposed(window)
-    qtbot.waitUntil(lambda: window.model is not None, timeout=LOAD_TIMEOUT)
-    return window
-
-
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("error,says,comes_back", [
     (pynvml.NVMLError_GpuIsLost, "GPU is lost", True),
@@ -119,7 +99,7 @@ def test_nvml_failing_mid_answer_leaves_a_message_and_a_working_app(qtbot, home,
     card.install(monkeypatch)
     sampler = Sampler.for_this_machine(interval=0.05).start()
     assert sampler.has_gpu  # NvmlSession on the stand-in card
-    window = open_window_with(qtbot, home, sampler)
+    window = open_window(qtbot, home, sampler=sampler)
     charts = window.charts
     try:
         assert charts.has_gpu and charts.gpu_status_shown() is None

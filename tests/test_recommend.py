@@ -12,6 +12,7 @@ import pytest
 
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
+from backends.core.types import ROLLBACK
 from backends.drafters import REGISTRY
 from backends.hardware.fit import plan
 from backends.hardware.gpus import nvidia_gpus
@@ -41,9 +42,20 @@ def store(tmp_path):
     return ObservedStore(tmp_path / "observed.json")
 
 
-def rec(paths, hw, store, *, task="chat", drafts=("smollm2-135m-q4_1", "gemma3-270m-q4_k_m"), **kw):
+def rec(paths, hw, store, *, task="chat", drafts=("smollm2-135m-q4_1", "gemma3-270m-q4_k_m"),
+        target_offers=frozenset({ROLLBACK}), **kw):
     return recommend(paths["smollm2-135m-f16"], hw, task=task, drafts=[paths[d] for d in drafts], cpu_bandwidth=CPU_BW,
-                     store=store, **kw)
+                     store=store, target_offers=target_offers, **kw)
+
+
+def test_a_model_that_cannot_roll_back_is_offered_plain_decoding_only(paths, hw, store):
+    """A recurrent or hybrid model (Mamba, RWKV, LFM2) cannot forget a rejected guess: every method
+    that drafts is unavailable, and says so, even with a compatible draft model present."""
+    result = rec(paths, hw, store, target_offers=frozenset())
+    available = [r.method for r in result.ranked if r.available]
+    assert available == ["ar"] and result.ranked[0].method == "ar"
+    pld = next(r for r in result.ranked if r.method == "pld")
+    assert "cache can forget rejected guesses" in pld.reason
 
 
 def test_every_method_ranked_with_a_reason(paths, hw, store):

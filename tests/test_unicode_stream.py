@@ -173,7 +173,7 @@ def test_the_window_streams_cjk_emoji_and_rtl_answers_byte_exact(qtbot, tmp_path
     step) and drafted-token shading on: what streamed into the transcript is the final answer, the
     stored message is that answer, and no U+FFFD is drawn at any moment."""
     from backends.core.types import Step
-    from tests.test_desktop import ANSWER_TIMEOUT, Recorder, close_window, open_window, send
+    from tests.desktop_kit import ANSWER_TIMEOUT, Recorder, close_window, open_window, send
 
     class TextRecorder(Recorder):
         def __init__(self, window) -> None:

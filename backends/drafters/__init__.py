@@ -2,8 +2,9 @@
 
 Front ends list methods, build settings forms from the dataclass fields and grey out methods whose
 ``requires`` a session does not offer; nothing outside this module branches on a method's name.
-Every drafter that proposes tokens also requires ``ROLLBACK`` (its ``Drafter.requires``): the
-session refuses to build one over a target that cannot forget rejected guesses, and says why.
+Every method that proposes tokens requires ``ROLLBACK``, in its ``MethodSpec.requires`` (so the
+method chooser greys it out on a recurrent model, and says why) and in its ``Drafter.requires``
+(the session refuses to build one over a target that cannot forget rejected guesses).
 """
 
 from __future__ import annotations
@@ -260,6 +261,7 @@ REGISTRY: dict[str, MethodSpec] = {
             "rest), a draft model that can pay here merged with it into one tree, or plain decoding",
             AutoSettings,
             _build_auto,
+            requires=frozenset({ROLLBACK}),
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.6, "code": 0.6, "rag": 0.55}),
             prior_draft=8,
             pool_bytes=PLDDrafter.pool_bytes,
@@ -270,6 +272,7 @@ REGISTRY: dict[str, MethodSpec] = {
             "prompt lookup: no extra memory, best when the answer repeats the prompt (summaries, code edits, RAG)",
             PLDSettings,
             _build_pld,
+            requires=frozenset({ROLLBACK}),
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.6, "code": 0.6, "rag": 0.55}),
             prior_draft=8,
             pool_bytes=PLDDrafter.pool_bytes,
@@ -279,7 +282,7 @@ REGISTRY: dict[str, MethodSpec] = {
             "a small draft model with the same vocabulary guesses ahead; the target checks its guesses",
             DraftSettings,
             _build_draft,
-            requires=frozenset({DRAFT_MODEL}),
+            requires=frozenset({DRAFT_MODEL, ROLLBACK}),
             prior_acceptance=MappingProxyType({"chat": 0.6, "summarize": 0.65, "code": 0.7, "rag": 0.65}),
             prior_draft=8,
         ),
@@ -289,7 +292,7 @@ REGISTRY: dict[str, MethodSpec] = {
             "own texts (code, docs, chats)",
             RESTSettings,
             _build_rest,
-            requires=frozenset({TREE}),
+            requires=frozenset({TREE, ROLLBACK}),
             prior_acceptance=MappingProxyType({"chat": 0.25, "summarize": 0.25, "code": 0.4, "rag": 0.3}),
             prior_draft=4,
             datastore_field="datastore",
@@ -301,7 +304,7 @@ REGISTRY: dict[str, MethodSpec] = {
             "pays where verifying many tokens at once is cheap (GPUs)",
             LookaheadSettings,
             _build_lookahead,
-            requires=frozenset({TREE}),
+            requires=frozenset({TREE, ROLLBACK}),
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.45, "code": 0.45, "rag": 0.4}),
             prior_draft=6,
             pool_bytes=PLDDrafter.pool_bytes,
@@ -311,7 +314,7 @@ REGISTRY: dict[str, MethodSpec] = {
             "several drafters at once (by default a draft model and prompt lookup), merged into one token tree",
             SpecInferSettings,
             _build_specinfer,
-            requires=frozenset({TREE, DRAFT_MODEL}),
+            requires=frozenset({TREE, DRAFT_MODEL, ROLLBACK}),
             requires_for=_specinfer_requires,
             prior_acceptance=MappingProxyType({"chat": 0.6, "summarize": 0.7, "code": 0.7, "rag": 0.7}),
             prior_draft=8,
