@@ -123,7 +123,7 @@ class BenchConfig:
     repeats: int = 1
     n_ctx: int = 4096
     n_threads: int | None = None
-    n_gpu_layers: int = 0
+    n_gpu_layers: int = -1  # AUTO: the fit estimator's offload on the running GPU backend (none: CPU)
     flash_attn: str = "auto"
     method_settings: dict = field(default_factory=dict)  # method -> {setting: value}
 

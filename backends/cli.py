@@ -32,7 +32,9 @@ def _add_session_args(p: argparse.ArgumentParser, *, default_model: str) -> None
     p.add_argument("--draft-model", default=None, help="draft model (id or path) for the draft method")
     p.add_argument("--n-ctx", type=int, default=4096, help="context length in tokens")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: physical cores)")
-    p.add_argument("--n-gpu-layers", type=int, default=0, help="layers to offload (CUDA/Vulkan/Metal builds)")
+    p.add_argument("--n-gpu-layers", type=int, default=-1,
+                   help="layers to put on the GPU (default -1: what `specdeck fit` places on the GPU module that runs; "
+                        "0: CPU only)")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -27,14 +27,18 @@ from backends.core.noise import BatchNoise, measure_batch_noise
 from backends.core.protocols import Drafter
 from backends.core.types import ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
 from backends.drafters import DRAFT_MODEL, DrafterResources, describe, method_spec
+from backends.hardware.offload import AUTO, resolve_gpu_layers
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
 from backends.models.catalog import resolve_model
+from backends.models.gpu_runtime import LABELS
+from backends.models.llama_lib import gpu_runtime
 from backends.models.chat import ChatFormat, Message
 from backends.models.compat import draft_incompatibility
 from backends.models.cost_cache import (COST_CURVE_LENGTH, LONG_CONTEXT, cost_curve_file, load_cost_curves,
                                         measurement_file, save_cost_curves)
 
+MAX_LAYERS = 999  # n_gpu_layers meaning "every layer"
 QUIET_CORES = 0.25  # other processes' CPU use (cores) under which a measured cost curve is kept
 NOISE_DEPTH = 16  # drafted tokens per chain when measuring batch noise
 NOISE_LONG = 600  # tokens of the long prompt the noise is also measured after
@@ -58,7 +62,7 @@ class SessionConfig:
     draft_model: str | None = None
     n_ctx: int = 4096
     n_threads: int | None = None
-    n_gpu_layers: int = 0
+    n_gpu_layers: int = AUTO  # AUTO: what the fit estimator places on the running GPU backend (none: 0)
     flash_attn: str = "auto"
 
 
@@ -67,8 +71,14 @@ class Session:
 
     def __init__(self, config: SessionConfig, *, progress: Callable[[float], bool] | None = None) -> None:
         """``progress`` sees the target's load progress (0..1) and may return False to cancel it."""
-        self.config = config
-        self.model = LlamaModel(resolve_model(config.model), n_gpu_layers=config.n_gpu_layers, progress=progress)
+        path = resolve_model(config.model)
+        draft_path = resolve_model(config.draft_model) if config.draft_model else None
+        ngl, self.offload = resolve_gpu_layers(config.n_gpu_layers, path, n_ctx=config.n_ctx, draft=draft_path)
+        self.config = config = replace(config, n_gpu_layers=ngl)
+        # The estimator puts a draft on the GPU only beside a fully offloaded target.
+        self._draft_gpu_layers = ngl if self.offload is None else (
+            MAX_LAYERS if self.offload.gpu_layers >= self.offload.total_layers else 0)
+        self.model = LlamaModel(path, n_gpu_layers=ngl, progress=progress)
         self.draft_model: LlamaModel | None = None
         self.draft_target: LlamaTarget | None = None
         self._costs: CostModel | None = None
@@ -92,7 +102,7 @@ class Session:
         """The draft model in a context as long as the target's: a draft shorter than every prompt
         the target takes would fail on the long ones (past its training length a draft only
         guesses worse, and guesses are verified)."""
-        draft = LlamaModel(resolve_model(spec), n_gpu_layers=self.config.n_gpu_layers)
+        draft = LlamaModel(resolve_model(spec), n_gpu_layers=self._draft_gpu_layers)
         reasons = draft_incompatibility(self.model.vocab_info, draft.vocab_info)
         if not draft.can_roll_back:
             reasons.append("it is a recurrent or hybrid model, whose cache cannot forget rejected guesses")
@@ -112,6 +122,18 @@ class Session:
     def memory(self) -> dict:
         """What drafters learned in this session (acceptance statistics, bandits), by key."""
         return self._memory
+
+    @property
+    def placement(self) -> str:
+        """Where the target runs, in words: "CPU", "GPU (Vulkan, llvmpipe ...)" or "12 of 31 layers on
+        GPU (CUDA, NVIDIA GeForce RTX 3060), the rest on CPU"; what the status bar and the CLI say."""
+        gpu = gpu_runtime()
+        total = self.model.n_layer + 1  # the blocks and the output layer, as llama.cpp counts them
+        ngl = min(self.config.n_gpu_layers, total)
+        if gpu is None or gpu.backend is None or ngl <= 0:
+            return "CPU"
+        device = f"GPU ({LABELS[gpu.backend]}, {gpu.devices[0].description})" if gpu.devices else f"GPU ({gpu.backend})"
+        return device if ngl >= total else f"{ngl} of {total} layers on {device}, the rest on CPU"
 
     # -- capabilities and costs ----------------------------------------------------------------
     @property
@@ -206,7 +228,7 @@ class Session:
         chosen = spec.settings(**settings)
         missing = spec.requirements(chosen) - self.offers
         if missing:
-            raise SpecDeckError(f"{method} needs {describe(missing)}, which this session does not have")
+            raise self._refusal(method, missing)
         resources = DrafterResources(
             sampling=sampling,
             target_vocab=self.model.n_vocab,
@@ -221,11 +243,15 @@ class Session:
         drafter = spec.build(chosen, resources)
         missing = drafter.requires - self.target.offers
         if missing:
-            if ROLLBACK in missing:
-                raise SpecDeckError(f"{method} cannot run on {self.model.name}: it needs {describe(missing)}; "
-                                    "plain decoding (ar) can")
-            raise SpecDeckError(f"{method} with these settings needs {describe(missing)}")
+            raise self._refusal(method, missing, " with these settings")
         return drafter
+
+    def _refusal(self, method: str, missing: frozenset[str], which: str = "") -> SpecDeckError:
+        """Why ``method`` cannot run here; a model that cannot roll back is named, with what can."""
+        if ROLLBACK in missing:
+            return SpecDeckError(f"{method} cannot run on {self.model.name}: it needs {describe(missing)}; "
+                                 "plain decoding (ar) can")
+        return SpecDeckError(f"{method}{which} needs {describe(missing)}, which this session does not have")
 
     def generate(
         self,

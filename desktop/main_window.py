@@ -347,7 +347,7 @@ class MainWindow(QMainWindow):
 
     def _ready_text(self, ready: ModelReady) -> str:
         draft = f" + draft {Path(ready.draft_model).name}" if ready.draft_model else ""
-        return f"{ready.name}{draft} · context {ready.n_ctx} · loaded in {ready.seconds:.1f} s · ready"
+        return f"{ready.name}{draft} · on {ready.placement} · context {ready.n_ctx} · loaded in {ready.seconds:.1f} s · ready"
 
     def _end_load(self) -> None:
         self._load = None
@@ -502,8 +502,10 @@ def compute_advice(ready: ModelReady, hw: HardwareReport) -> MethodAdvice:
     """Off the GUI thread: rank the methods, fit each one, sort drafts into usable and not."""
     from backends.hardware.bandwidth import cpu_bandwidth
     from backends.hardware.commands import measured_costs
+    from backends.hardware.offload import with_gpu_module
 
     drafts = [resolve_model(m) for m in CATALOG if is_present(m)]
+    hw = with_gpu_module(hw)  # a device only the GPU module knows (no NVML, no sysfs) still has its memory
     rt = RuntimeSettings(n_ctx=ready.n_ctx)
     # What the loaded model offers, not what a transformer would: a recurrent one cannot roll back.
     recs = recommend(ready.path, hw, drafts=drafts, rt=rt, cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes),

@@ -70,6 +70,7 @@ class ModelReady:
     has_template: bool
     seconds: float
     plain_tok_s: float | None = None  # this model's plain decoding as measured on this machine (None: never run here)
+    placement: str = "CPU"  # where the target runs: "CPU", "GPU (CUDA, ...)", "12 of 31 layers on GPU ..."
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class Worker(QObject):
         return ModelReady(
             model=str(config.model), name=display_name(str(config.model)), path=str(session.model.path),
             n_ctx=session.target.n_ctx, draft_model=config.draft_model, offers=session.offers,
-            has_template=session.model.chat_format.template is not None, seconds=seconds,
+            has_template=session.model.chat_format.template is not None, seconds=seconds, placement=session.placement,
             plain_tok_s=self._plain_rate(session),
         )
 

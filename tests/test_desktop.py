@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from backends.core.types import ROLLBACK  # noqa: E402
 from backends.drafters import REGISTRY  # noqa: E402
 from backends.hardware.gpus import NvmlSession  # noqa: E402
+from backends.models.llama_lib import gpu_runtime  # noqa: E402
 from backends.models.catalog import resolve_model  # noqa: E402
 from desktop.charts import NO_GPU  # noqa: E402
 from tests.desktop_kit import (ANSWER_TIMEOUT, BUNDLED, LOAD_TIMEOUT, Recorder, close_window,  # noqa: E402,F401
@@ -19,9 +20,14 @@ from tests.desktop_kit import (ANSWER_TIMEOUT, BUNDLED, LOAD_TIMEOUT, Recorder, 
 from tests.hw_replay import load_replay  # noqa: E402
 
 
-def test_window_opens_with_the_bundled_model_ready(window):
+def test_window_opens_with_the_bundled_model_ready(qtbot, window):
     assert "smollm2-135m-q4_1" in window.windowTitle()  # the catalog id: it tells quantizations apart
     assert "ready" in window.status_label.text()
+    # Where the model runs: the CPU, unless a GPU module passed its probe (then the device is named).
+    running = gpu_runtime()
+    assert f" · on {window.model.placement} · " in window.status_label.text()
+    assert (window.model.placement == "CPU") == (running is None or running.backend is None)
+    qtbot.waitUntil(lambda: "GPU backend: " in window.hardware_panel.text.text(), timeout=60_000)  # the same in Hardware
     assert window.chat.input.hasFocus() or window.focusWidget() is window.chat.input
     assert window.error_text() == ""
 

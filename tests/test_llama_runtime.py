@@ -109,6 +109,7 @@ def test_specdeck_hw_names_the_cpu_variant():
     data = json.loads(subprocess.run([sys.executable, "-m", "backends.cli", "hw", "--json"], capture_output=True,
                                      text=True, timeout=300).stdout)
     assert data["llama_cpp"]["cpu_variant"] == variant and data["llama_cpp"]["cpu_variant_why"]
+    assert "GPU backend: " in out.stdout and data["llama_cpp"]["gpu_backend_why"]  # which one runs, or why none
 
 
 CRASH_IN_LLAMA = textwrap.dedent("""

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from backends.hardware.fit import FitReport, RuntimeSettings
+from backends.hardware.offload import with_gpu_module
 
 MiB = 1024**2
 
@@ -84,7 +85,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     extra = method_extra(spec, rt.n_ctx, draft=draft, heads_bytes=file_bytes(args.heads) if args.heads else 0,
                          datastore_bytes=file_bytes(args.datastore) if args.datastore else 0)
     shape = load_shape(_model_path(args.model))
-    report = plan(shape, detect_hardware(), rt, extra, gpu_layers=args.n_gpu_layers)
+    report = plan(shape, with_gpu_module(detect_hardware()), rt, extra, gpu_layers=args.n_gpu_layers)
     data = report.to_json()
     if args.measure:
         data["measured"] = _measure(shape, report)
@@ -141,7 +142,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from backends.llamacpp.target import LlamaTarget
     from backends.models.catalog import CATALOG, is_present, resolve_model
 
-    hw = detect_hardware()
+    hw = with_gpu_module(detect_hardware())
     drafts = [_model_path(d) for d in args.draft_model] or [resolve_model(m) for m in CATALOG if is_present(m)]
     result = recommend(_model_path(args.model), hw, task=args.task, drafts=drafts,
                        rt=RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type),

@@ -48,6 +48,8 @@ def format_report(report: HardwareReport) -> str:
         lines.append(f"llama.cpp  llama-cpp-python {build.version}; backends {', '.join(build.backends) or 'none'}; GPU offload: {targets}")
         variant = build.cpu_variant or ("unusable" if not build.backends else "built-in")
         lines.append(f"           CPU variant: {variant} ({build.cpu_variant_why or 'not probed'})")
+        if build.gpu_backend_why:
+            lines.append(f"           GPU backend: {build.gpu_backend_why}")
     lines += [f"note    {note}" for note in report.notes]
     return "\n".join(lines)
 

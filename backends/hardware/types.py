@@ -86,6 +86,8 @@ class LlamaBuild:
     system_info: str
     cpu_variant: str | None = None  # the CPU module that runs ("zen4"); None: a build without variants
     cpu_variant_why: str = ""  # why that one: the probe's verdict in words
+    gpu_backend: str | None = None  # the GPU module that runs ("cuda", "vulkan"); None: CPU only
+    gpu_backend_why: str = ""  # which devices it drives, or why no GPU module is used
 
     @property
     def offload_targets(self) -> tuple[str, ...]:

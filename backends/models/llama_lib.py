@@ -3,7 +3,7 @@ into Python logging.
 
 Before llama.cpp's backends initialize, ``llama_runtime.choose`` picks the CPU variant module
 that survived a probe in a child process (once per build and CPU; see that module for why), and
-only that module is loaded. A build whose CPU code kills the probe raises ``BackendError``
+only that module is loaded, with the GPU module ``gpu_runtime.choose`` saw run (if any). A build whose CPU code kills the probe raises ``BackendError``
 here, so a caller (the window, the CLI) reports it instead of dying with SIGILL.
 
 llama.cpp prints hundreds of lines per model load to stderr, which would bury a terminal chat.
@@ -21,6 +21,8 @@ from collections import deque
 from types import ModuleType
 
 from backends.models import llama_runtime
+from backends.models.gpu_runtime import GpuRuntime, load_gpu_module, prepare
+from backends.models.gpu_runtime import choose as choose_gpu
 
 log = logging.getLogger("specdeck.llama")
 
@@ -32,17 +34,25 @@ _UNSET = object()
 _init_lock = threading.Lock()  # the hardware panel and the worker may ask at the same time
 
 
-def pin_cpu_module(module: str | None) -> None:
-    """Run ``module`` (None: whatever the build has) without probing: for the probe child."""
+def pin_cpu_module(module: str | None, *, gpu_module: str | None = None) -> None:
+    """Run ``module`` (None: whatever the build has) and ``gpu_module`` beside it, without
+    probing: for the probe child."""
     if "module" in _state:
         raise RuntimeError("llama.cpp is already initialized in this process")
     _state["pinned"] = module
+    _state["pinned_gpu"] = gpu_module
 
 
 def cpu_runtime() -> llama_runtime.CpuRuntime | None:
     """The probe's verdict this process runs on (None in the probe child itself)."""
     llama()
     return _state.get("runtime")  # type: ignore[return-value]
+
+
+def gpu_runtime() -> GpuRuntime | None:
+    """The GPU backend this process runs beside the CPU code, or why none (None in a probe child)."""
+    llama()
+    return _state.get("gpu")  # type: ignore[return-value]
 
 
 def llama() -> ModuleType:
@@ -62,11 +72,19 @@ def _initialize() -> ModuleType:
         callback = llama_cpp.llama_log_callback(_on_log)
         llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
         pinned = _state.get("pinned", _UNSET)
+        gpu_module = _state.get("pinned_gpu")
         if pinned is _UNSET:
             runtime = llama_runtime.choose()  # raises BackendError when nothing runs here
             _state["runtime"] = runtime
             pinned = runtime.module
+            gpu = _state["gpu"] = choose_gpu(runtime.module)  # never raises: CPU only says why
+            gpu_module = gpu.module
+            if gpu.backend is not None and prepare(gpu.backend) is not None:
+                gpu_module = None  # the driver went away since the verdict was cached
+        elif gpu_module is not None:
+            prepare("cuda" if "cuda" in str(gpu_module) else "vulkan")
         llama_runtime.load_cpu_module(pinned)  # type: ignore[arg-type]
+        load_gpu_module(gpu_module)  # type: ignore[arg-type]
         llama_cpp.llama_backend_init()
         _state["callback"] = callback  # keep a reference: llama.cpp calls it from C
         _state["module"] = module = llama_cpp
@@ -109,10 +127,11 @@ def library_version() -> str:
 
 
 def build_id() -> str:
-    """The llama.cpp build and the CPU code it runs here ("0.3.36/zen4"): measurements of speed
-    and rounding are valid for this pair only."""
-    runtime = cpu_runtime()
-    return f"{library_version()}/{runtime.variant if runtime and runtime.variant else 'built-in'}"
+    """The llama.cpp build and the code it runs here ("0.3.36/zen4", "0.3.36/zen4+cuda"):
+    measurements of speed and rounding are valid for this combination only."""
+    runtime, gpu = cpu_runtime(), gpu_runtime()
+    cpu = runtime.variant if runtime and runtime.variant else "built-in"
+    return f"{library_version()}/{cpu}" + (f"+{gpu.backend}" if gpu and gpu.backend else "")
 
 
 def system_info() -> str:

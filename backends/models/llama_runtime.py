@@ -182,10 +182,10 @@ def choose(*, dirs: list[Path] | None = None, cache_file: Path | None = None,
     try:
         runtime = _probe_all(variants, dirs, forced)
     except BackendError as exc:  # as deterministic as a success: remembered the same way
-        _write_cache(cache_file, key, {"error": str(exc)})
+        write_verdict(cache_file, key, {"error": str(exc)})
         raise
     if runtime.verified:
-        _write_cache(cache_file, key, runtime)
+        write_verdict(cache_file, key, runtime)
     _probed_here[key] = runtime
     return runtime
 
@@ -224,14 +224,14 @@ def score_variants(dirs: list[Path]) -> tuple[dict[str, int], list[Attempt]]:
     dead: list[Attempt] = []
     while len(scores) < len(variants):
         todo = [v for v in variants if v not in scores]
-        out, rc, _ = _run_child(["score", *(str(variants[v]) for v in todo)])
+        out, rc, _ = run_child(["score", *(str(variants[v]) for v in todo)])
         for line in out:
             if "score" in line:
                 scores[line["variant"]] = int(line["score"])
         if rc != 0:
             culprit = next(v for v in todo if v not in scores)
             scores[culprit] = 0
-            dead.append(Attempt(culprit, False, f"{_death(rc)} while being loaded", died=True))
+            dead.append(Attempt(culprit, False, f"{death(rc)} while being loaded", died=True))
     return scores, dead
 
 
@@ -239,16 +239,16 @@ def probe(module: Path | None) -> Attempt:
     """Run the bundled model through ``module`` in a child; how it went."""
     name = _variant_name(module)
     start = time.perf_counter()
-    out, rc, err = _run_child(["probe", str(module) if module else "-"])
+    out, rc, err = run_child(["probe", str(module) if module else "-"])
     seconds = time.perf_counter() - start
     if rc == 0 and any(line.get("ok") for line in out):
         return Attempt(name, True, seconds=seconds)
     stage = next((line["stage"] for line in reversed(out) if "stage" in line), "starting")
     if rc > 0:
         error = next((line["error"] for line in reversed(out) if "error" in line), None)
-        error = error or (err.strip().splitlines() or [_death(rc)])[-1]
+        error = error or (err.strip().splitlines() or [death(rc)])[-1]
         return Attempt(name, False, f"failed while {stage}: {error}", seconds)
-    return Attempt(name, False, f"{_death(rc)} while {stage}", seconds, died=True)
+    return Attempt(name, False, f"{death(rc)} while {stage}", seconds, died=True)
 
 
 def _variant_name(module: Path | None) -> str:
@@ -257,7 +257,7 @@ def _variant_name(module: Path | None) -> str:
     return module.name[len(_PREFIX): -len(_SUFFIX)] if module.name.startswith(_PREFIX) else module.name
 
 
-def _death(rc: int) -> str:
+def death(rc: int) -> str:
     """'killed by SIGILL (illegal instruction)' for a child's return code."""
     if rc == -999:
         return f"hung for more than {PROBE_TIMEOUT_S:.0f} s"
@@ -270,7 +270,7 @@ def _death(rc: int) -> str:
     return f"exited with code {rc}"
 
 
-def _run_child(args: list[str]) -> tuple[list[dict], int, str]:
+def run_child(args: list[str]) -> tuple[list[dict], int, str]:
     """Run ``python -m backends.models.llama_probe ARGS``; its JSON lines, return code, stderr."""
     cmd = [sys.executable, "-m", "backends.models.llama_probe", *args]
     root = str(Path(__file__).resolve().parents[2])
@@ -308,7 +308,9 @@ def _read_cache(path: Path, key: str) -> CpuRuntime | None:
     return runtime
 
 
-def _write_cache(path: Path, key: str, verdict: CpuRuntime | dict) -> None:
+def write_verdict(path: Path, key: str, verdict: object) -> None:
+    """Store one verdict (a dataclass, or a dict such as ``{"error": ...}``) under ``key``, keeping
+    the others: the file is shared by every build and machine state seen."""
     try:
         data = json.loads(path.read_text()) if path.is_file() else {}
         if not isinstance(data, dict):
