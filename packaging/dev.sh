@@ -71,16 +71,39 @@ check_gui_libs() {
     fi
 }
 
+# gpu_modules for|test: the Vulkan module beside the CPU variants (packaging/gpu_build.sh, cached).
+# For the app: only where a GPU with a kernel driver exists (/dev/dri/renderD*). For the tests:
+# always, with Mesa's lavapipe (a Vulkan driver that runs on the CPU), so the GPU code path is
+# tested on every machine. A failed build leaves the app on the CPU, which says why.
+gpu_modules() {
+    if [ "$1" = test ]; then
+        local missing=()
+        ldconfig -p 2>/dev/null | grep -q libvulkan.so.1 || missing+=(libvulkan1)
+        ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
+        if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+    elif ! ls /dev/dri/renderD* >/dev/null 2>&1; then
+        return 0
+    fi
+    bash packaging/gpu_build.sh vulkan "$VENV/bin/python" --install >/dev/null || {
+        say "the Vulkan module did not build; SpecDeck runs on the CPU"; [ "$1" != test ]; }
+    if [ "$1" != test ] && command -v nvidia-smi >/dev/null && [ ! -f "$VENV/.specdeck-cuda-told" ]; then
+        say "an NVIDIA GPU is present: 'bash packaging/gpu_build.sh cuda $VENV/bin/python --install' builds its CUDA module (hours on few cores, once)"
+        touch "$VENV/.specdeck-cuda-told"
+    fi
+}
+
 cmd="${1:-run}"
 shift || true
 case "$cmd" in
     run)
         install base
+        gpu_modules run
         check_gui_libs
         exec "$VENV/bin/specdeck-gui" "$@"
         ;;
     test)
         install test
+        gpu_modules test
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     specdeck)

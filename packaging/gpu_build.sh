@@ -28,6 +28,8 @@ PY="${2:?usage: gpu_build.sh vulkan|cuda PYTHON [--install]}"
 INSTALL="${3:-}"
 VERSION="0.3.36"
 CUBLAS="nvidia-cublas==13.0.2.14"
+VULKAN_HEADERS="1.4.309.0"
+VULKAN_HEADERS_URL="http://deb.debian.org/debian/pool/main/v/vulkan-loader/libvulkan-dev_1.4.309.0-1_amd64.deb"
 CUDA_ARCHS="${SPECDECK_CUDA_ARCHS:-75-virtual;86-real;89-real;90-real;120a-real}"
 # The wheel's own flags (packaging/llama_build.sh): the same ggml configuration, hence the same ABI.
 BASE="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DLLAVA_BUILD=OFF -DCMAKE_BUILD_TYPE=Release"
@@ -65,6 +67,18 @@ sources() {  # the sdist's tree, unpacked once
     echo "$dir"
 }
 
+vulkan_flags() {  # Vulkan headers with VK_EXT_layer_settings (1.3.261+); Debian 12 has 1.3.239
+    grep -qs VK_EXT_layer_settings /usr/include/vulkan/vulkan_core.h && return 0
+    local dir="$CACHE/src/vulkan-headers-$VULKAN_HEADERS"
+    if [ ! -f "$dir/usr/include/vulkan/vulkan_core.h" ]; then
+        local tmp="$CACHE/src/vk.$$.deb"
+        say "this system's Vulkan headers are too old for ggml; using Debian's $VULKAN_HEADERS headers (header-only)"
+        curl -fsSL -o "$tmp" "$VULKAN_HEADERS_URL"
+        rm -rf "$dir" && mkdir -p "$dir" && dpkg-deb -x "$tmp" "$dir" && rm -f "$tmp"
+    fi
+    printf '%s' "-DVulkan_INCLUDE_DIR=$dir/usr/include"
+}
+
 cuda_flags() {  # cuBLAS from its PyPI wheel: headers and libraries, unpacked once
     command -v nvcc >/dev/null || { say "nvcc not found: install the CUDA 13 compiler (nvidia-cuda-nvcc) first"; exit 1; }
     local dir="$CACHE/src/cublas-${CUBLAS#*==}"
@@ -80,7 +94,15 @@ cuda_flags() {  # cuBLAS from its PyPI wheel: headers and libraries, unpacked on
     printf '%s' "-DCMAKE_CUDA_COMPILER=$(readlink -f "$(command -v nvcc)") -DCUDA_cublas_LIBRARY=$lib/libcublas.so.13 -DCUDA_cublasLt_LIBRARY=$lib/libcublasLt.so.13 -DCMAKE_CUDA_FLAGS=-I$dir/nvidia/cu13/include -DCMAKE_CXX_FLAGS=-I$dir/nvidia/cu13/include"
 }
 
+tools() {  # cmake and ninja: the system's, else PyPI's into PYTHON's environment
+    if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
+        "$PY" -m pip install -q "cmake>=3.25,<5" "ninja>=1.11,<2" >&2
+        PATH="$(dirname "$PY"):$PATH"
+    fi
+}
+
 if [ ! -f "$MODULE" ]; then
+    tools
     extra=""
     if [ "$KIND" = vulkan ]; then
         missing=()
@@ -88,6 +110,7 @@ if [ ! -f "$MODULE" ]; then
         [ -f /usr/include/vulkan/vulkan.h ] || missing+=(libvulkan-dev)
         [ -d /usr/share/cmake/SPIRV-Headers ] || [ -d /usr/lib/cmake/SPIRV-Headers ] || missing+=(spirv-headers)
         if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+        extra=$(vulkan_flags)
     else
         extra=$(cuda_flags)
     fi

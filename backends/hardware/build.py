@@ -4,7 +4,8 @@ llama.cpp prints one ``NAME : FEATURE = 1 | ...`` group per compiled-in backend 
 info (``CPU : SSE3 = 1 | ...``, ``CUDA : ARCHS = 890 | ...``), which is the only place
 llama-cpp-python exposes the list; ``llama_supports_gpu_offload`` says whether any of them is a
 GPU. The CPU variant (portable builds carry one module per instruction-set level) is the one
-``llama_runtime`` probed and loaded; when none survives, the build is reported as unusable.
+``llama_runtime`` probed and loaded; when none survives, the build is reported as unusable. A GPU
+module (``gpu_runtime``) prints no group of its own, so the one that runs is added by name.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 
 from backends.core.errors import BackendError
 from backends.hardware.types import LlamaBuild
+from backends.models.gpu_runtime import LABELS
 
 _GROUP = re.compile(r"(?:^|\|)\s*([A-Za-z][A-Za-z0-9_-]*) : ")
 
@@ -40,6 +42,8 @@ def detect_llama_build() -> LlamaBuild | None:
         return LlamaBuild(version="unusable here", backends=(), gpu_offload=False, system_info="",
                           cpu_variant=None, cpu_variant_why=str(exc))
     backends = parse_backends(info)
+    if gpu_rt is not None and gpu_rt.backend is not None and LABELS[gpu_rt.backend] not in backends:
+        backends += (LABELS[gpu_rt.backend],)  # a loaded GPU module adds no features to the system info
     return LlamaBuild(version=library_version(), backends=backends or ("CPU",), gpu_offload=gpu, system_info=info.strip(),
                       cpu_variant=runtime.variant if runtime else None, cpu_variant_why=runtime.why if runtime else "",
                       gpu_backend=gpu_rt.backend if gpu_rt else None, gpu_backend_why=gpu_rt.why if gpu_rt else "")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import tempfile
 import time
@@ -59,9 +60,16 @@ def probe(module: str) -> None:
 
 
 def _models(scratch: Path):
-    """(label, path) for each weight type, deriving the missing ones from the bundled file."""
+    """(label, path) for each weight type, deriving the missing ones from the bundled file.
+
+    ``SPECDECK_PROBE_MODEL=FILE`` probes with that one file instead, where the bundled model is
+    not installed (the GPU check on a machine that gets only the source tree)."""
     from backends.models.catalog import CATALOG, entry_path, is_present, quantize
 
+    given = os.environ.get("SPECDECK_PROBE_MODEL")
+    if given:
+        yield Path(given).name, Path(given)
+        return
     emit(stage="finding the bundled model")
     bundled = entry_path(WEIGHT_TYPES[0][0])
     for model_id, ftype in WEIGHT_TYPES:
