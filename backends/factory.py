@@ -31,12 +31,12 @@ from backends.hardware.offload import AUTO, resolve_gpu_layers
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
 from backends.models.catalog import resolve_model
-from backends.models.gpu_runtime import LABELS
-from backends.models.llama_lib import gpu_runtime
 from backends.models.chat import ChatFormat, Message
 from backends.models.compat import draft_incompatibility
 from backends.models.cost_cache import (COST_CURVE_LENGTH, LONG_CONTEXT, cost_curve_file, load_cost_curves,
                                         measurement_file, save_cost_curves)
+from backends.models.gpu_runtime import LABELS
+from backends.models.llama_lib import gpu_runtime
 
 MAX_LAYERS = 999  # n_gpu_layers meaning "every layer"
 QUIET_CORES = 0.25  # other processes' CPU use (cores) under which a measured cost curve is kept

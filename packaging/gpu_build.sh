@@ -30,6 +30,7 @@ VERSION="0.3.36"
 CUBLAS="nvidia-cublas==13.0.2.14"
 VULKAN_HEADERS="1.4.309.0"
 VULKAN_HEADERS_URL="http://deb.debian.org/debian/pool/main/v/vulkan-loader/libvulkan-dev_1.4.309.0-1_amd64.deb"
+VULKAN_HEADERS_SHA256="8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a"
 CUDA_ARCHS="${SPECDECK_CUDA_ARCHS:-75-virtual;86-real;89-real;90-real;120a-real}"
 # The wheel's own flags (packaging/llama_build.sh): the same ggml configuration, hence the same ABI.
 BASE="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DLLAVA_BUILD=OFF -DCMAKE_BUILD_TYPE=Release"
@@ -72,8 +73,10 @@ vulkan_flags() {  # Vulkan headers with VK_EXT_layer_settings (1.3.261+); Debian
     local dir="$CACHE/src/vulkan-headers-$VULKAN_HEADERS"
     if [ ! -f "$dir/usr/include/vulkan/vulkan_core.h" ]; then
         local tmp="$CACHE/src/vk.$$.deb"
+        mkdir -p "$CACHE/src"
         say "this system's Vulkan headers are too old for ggml; using Debian's $VULKAN_HEADERS headers (header-only)"
-        curl -fsSL -o "$tmp" "$VULKAN_HEADERS_URL"
+        "$PY" -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "$VULKAN_HEADERS_URL" "$tmp"
+        echo "$VULKAN_HEADERS_SHA256  $tmp" | sha256sum -c --quiet - >&2 || { say "the downloaded Vulkan headers do not match their checksum"; exit 1; }
         rm -rf "$dir" && mkdir -p "$dir" && dpkg-deb -x "$tmp" "$dir" && rm -f "$tmp"
     fi
     printf '%s' "-DVulkan_INCLUDE_DIR=$dir/usr/include"

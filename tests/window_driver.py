@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -28,11 +29,16 @@ def main(tag: str) -> int:
     chat = window.chat
     emit(started=True, banner=window.error_text(), status=window.statusBar().currentMessage(), conversation=chat.conversation,
          messages=[[m.role, m.content] for m in chat.messages])
-    sent = {"n": 0}
+    sent = {"n": 0, "idle": time.monotonic()}
 
     def tick() -> None:
         if window.model is None or chat.streaming or window.busy:
+            if time.monotonic() - sent["idle"] > 10:  # waiting long: say on what, for the test's failure message
+                sent["idle"] = time.monotonic()
+                emit(waiting=True, model=window.model is not None, streaming=chat.streaming, busy=window.busy,
+                     banner=window.error_text()[:300], status=window.status_label.text()[:200])
             return
+        sent["idle"] = time.monotonic()
         if sent["n"]:
             last = chat.messages[-1]
             emit(done=sent["n"], role=last.role, content=last.content)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from backends.core.errors import SpecDeckError
 from backends.hardware.fit import Extra, FitReport, RuntimeSettings, plan
 from backends.hardware.shape import load_shape
 from backends.hardware.types import GpuInfo, HardwareReport
@@ -65,5 +66,8 @@ def resolve_gpu_layers(requested: int, model: str | Path, *, n_ctx: int,
     """``requested`` layers, or the plan's for ``AUTO``; with the plan when one was made."""
     if requested != AUTO:
         return requested, None
-    report = offload_plan(model, n_ctx=n_ctx, draft=draft)
+    try:
+        report = offload_plan(model, n_ctx=n_ctx, draft=draft)
+    except SpecDeckError:  # a file the estimator cannot read: loading it says why, in llama.cpp's words
+        return 0, None
     return (0, None) if report is None else (report.gpu_layers, report)
