@@ -163,10 +163,6 @@ def test_the_window_reports_a_dying_variant_and_answers_on_the_next_one(module_d
                SPECDECK_DATA_DIR=str(tmp_path / "data"), XDG_CONFIG_HOME=str(tmp_path / "config"),
                QT_QPA_PLATFORM="offscreen")
     env.pop("SPECDECK_CPU_VARIANT", None)
-    # About CPU variants: the GPU modules' own probe (tests/test_gpu_*.py) is kept out of this
-    # fresh cache. (Once in three runs of the whole suite here this window sat idle after
-    # starting, with no load started; the driver's "waiting" lines now say on what.)
-    env["SPECDECK_GPU"] = "off"
     run = Run(env, "probe")
     try:
         started = run.wait_for("started", 300)

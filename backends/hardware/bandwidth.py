@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +17,7 @@ import numpy as np
 import psutil
 
 from backends.hardware.types import CpuInfo
-from backends.models.paths import cache_dir
+from backends.models.paths import cache_dir, write_atomic
 
 _BUFFER = 64 * 1024**2  # per thread: far beyond any L3, small enough to take ~0.2 s in all
 
@@ -47,8 +46,5 @@ def cpu_bandwidth(cpu: CpuInfo, total_ram: int, *, use_cache: bool = True) -> fl
         except (OSError, ValueError, KeyError):
             pass
     value = measure_cpu_bandwidth(cpu.cores)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"cpu": cpu.name, "bytes_per_s": value, "measured_at": time.time()}))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"cpu": cpu.name, "bytes_per_s": value, "measured_at": time.time()}))
     return value

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from backends.models.llama_lib import build_id
-from backends.models.paths import cache_dir
+from backends.models.paths import cache_dir, write_atomic
 
 COST_CURVE_LENGTH = 64  # largest draft (tree nodes) the measured cost curve covers
 LONG_CONTEXT = 512  # the first prompt at least this long (tokens) has the curve measured at its length too
@@ -44,7 +44,4 @@ def load_cost_curves(file: Path) -> dict[int, list[float]] | None:
 
 
 def save_cost_curves(file: Path, curves: dict[int, list[float]]) -> None:
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(curves))
-    os.replace(tmp, file)
+    write_atomic(file, json.dumps(curves))

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from backends.core.errors import ModelFileError
-from backends.models.paths import cache_dir
+from backends.models.paths import cache_dir, write_atomic
 
 GGUF_MAGIC = b"GGUF"
 _CACHE_VERSION = 4
@@ -118,10 +118,10 @@ def read_gguf_info(path: str | os.PathLike, *, use_cache: bool = True) -> GGUFIn
             pass  # unreadable cache entry: parse the file again
     info = _parse(p, stat.st_size)
     if use_cache:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(info)))
-        os.replace(tmp, cache_file)
+        try:
+            write_atomic(cache_file, json.dumps(asdict(info)))
+        except OSError:
+            pass  # an unwritable cache only means parsing the header again next time
     return info
 
 

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backends.core.errors import BackendError
-from backends.models.paths import cache_dir
+from backends.models.paths import cache_dir, write_atomic
 
 PROBE_TIMEOUT_S = 180.0
 _probed_here: dict[str, CpuRuntime] = {}  # verdicts this process probed itself (not read back)
@@ -321,10 +321,7 @@ def write_verdict(path: Path, key: str, verdict: object) -> None:
     record.pop("cached", None)
     data[key] = record
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(data, indent=1))
     except OSError:
         pass  # an unwritable cache only means probing again next time
 

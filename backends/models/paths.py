@@ -29,3 +29,22 @@ def data_dir() -> Path:
 def library_dir() -> Path:
     """Where models downloaded from the Hugging Face Hub go; the model library always scans it."""
     return data_dir() / "models"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file of its own in the same folder, then
+    rename: readers see the old content or the new, never half of it. The temporary name is
+    unique per call (``mkstemp``), because two threads of one process (the model load and a
+    background estimate) may write the same cache entry at the same moment; a name made of the
+    process id alone let one thread's rename take the other's file away."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
