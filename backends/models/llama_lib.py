@@ -79,8 +79,10 @@ def _initialize() -> ModuleType:
             pinned = runtime.module
             gpu = _state["gpu"] = choose_gpu(runtime.module)  # never raises: CPU only says why
             gpu_module = gpu.module
-            if gpu.backend is not None and prepare(gpu.backend) is not None:
-                gpu_module = None  # the driver went away since the verdict was cached
+            problem = prepare(gpu.backend) if gpu.backend is not None else None
+            if problem is not None:  # the driver went away since the verdict was cached
+                _state["gpu"] = GpuRuntime(None, None, skipped=((gpu.backend, problem),))
+                gpu_module = None
         elif gpu_module is not None:
             prepare("cuda" if "cuda" in str(gpu_module) else "vulkan")
         llama_runtime.load_cpu_module(pinned)  # type: ignore[arg-type]
