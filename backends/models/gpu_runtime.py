@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
-import json
 import os
 import site
 import sys
@@ -28,8 +27,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.core.errors import BackendError
-from backends.models.llama_runtime import death, ggml_library, module_dirs, run_child, write_verdict
+from backends.models.llama_runtime import death, ggml_library, module_dirs, read_verdict, run_child, write_verdict
 from backends.models.paths import cache_dir
 
 KINDS = ("cuda", "vulkan")  # tried in this order: on an NVIDIA card CUDA is the faster of the two
@@ -192,17 +190,6 @@ def probe(kind: str, module: Path, cpu_module: str | None) -> tuple[tuple[GpuDev
     return devices, f"{death(rc)} while {stage}"
 
 
-def load_gpu_module(module: str | Path | None) -> None:
-    """Register ``module`` beside the CPU backend, before ``llama_backend_init``."""
-    if module is None:
-        return
-    ggml = ggml_library()
-    ggml.ggml_backend_load.restype = ctypes.c_void_p
-    ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
-    if not ggml.ggml_backend_load(str(module).encode()):
-        raise BackendError(f"llama.cpp could not load its GPU module {module}")
-
-
 def list_devices() -> list[GpuDevice]:
     """The non-CPU devices registered in this process's ggml, with their memory now."""
     ggml = ggml_library()
@@ -252,17 +239,15 @@ def _fingerprint(modules: dict[str, Path], cpu_module: str | None) -> str:
 
 
 def _read_cache(path: Path, key: str) -> GpuRuntime | None:
+    data = read_verdict(path, key)
+    if data is None:
+        return None
     try:
-        data = json.loads(path.read_text()).get(key)
-        if not data:
-            return None
         data["devices"] = tuple(GpuDevice(**d) for d in data["devices"])
         data["skipped"] = tuple(tuple(s) for s in data["skipped"])
-        data["cached"] = True
-        runtime = GpuRuntime(**data)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        runtime = GpuRuntime(**data, cached=True)
+    except (TypeError, KeyError):
         return None
     if runtime.module is not None and not Path(runtime.module).is_file():
         return None
     return runtime
-

@@ -21,7 +21,7 @@ from collections import deque
 from types import ModuleType
 
 from backends.models import llama_runtime
-from backends.models.gpu_runtime import GpuRuntime, load_gpu_module, prepare
+from backends.models.gpu_runtime import GpuRuntime, prepare
 from backends.models.gpu_runtime import choose as choose_gpu
 
 log = logging.getLogger("specdeck.llama")
@@ -85,8 +85,8 @@ def _initialize() -> ModuleType:
                 gpu_module = None
         elif gpu_module is not None:
             prepare("cuda" if "cuda" in str(gpu_module) else "vulkan")
-        llama_runtime.load_cpu_module(pinned)  # type: ignore[arg-type]
-        load_gpu_module(gpu_module)  # type: ignore[arg-type]
+        llama_runtime.load_module(pinned, "CPU")  # type: ignore[arg-type]
+        llama_runtime.load_module(gpu_module, "GPU")  # type: ignore[arg-type]
         llama_cpp.llama_backend_init()
         _state["callback"] = callback  # keep a reference: llama.cpp calls it from C
         _state["module"] = module = llama_cpp

@@ -290,18 +290,28 @@ def run_child(args: list[str]) -> tuple[list[dict], int, str]:
     return lines, rc, stderr
 
 
-def _read_cache(path: Path, key: str) -> CpuRuntime | None:
-    """The cached verdict for ``key``; raises the cached ``BackendError`` when nothing ran."""
+def read_verdict(path: Path, key: str) -> dict | None:
+    """The record stored under ``key`` by ``write_verdict``; None when there is none or the file
+    cannot be read."""
     try:
         data = json.loads(path.read_text()).get(key)
-        if not data:
-            return None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return data if isinstance(data, dict) and data else None
+
+
+def _read_cache(path: Path, key: str) -> CpuRuntime | None:
+    """The cached verdict for ``key``; raises the cached ``BackendError`` when nothing ran."""
+    data = read_verdict(path, key)
+    if data is None:
+        return None
+    try:
         if "error" in data:
             raise BackendError(str(data["error"]))
         data["attempts"] = tuple(Attempt(**a) for a in data["attempts"])
         data["cached"] = True
         runtime = CpuRuntime(**data)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (TypeError, KeyError, AttributeError):
         return None
     if runtime.module is not None and not Path(runtime.module).is_file():
         return None
@@ -327,18 +337,19 @@ def write_verdict(path: Path, key: str, verdict: object) -> None:
 
 
 # -- loading in this process -------------------------------------------------------------------
-def load_cpu_module(module: str | Path | None) -> None:
-    """Register ``module`` as this process's CPU backend, before ``llama_backend_init``.
+def load_module(module: str | Path | None, role: str = "CPU") -> None:
+    """Register backend ``module`` (its ``role``: "CPU", "GPU") before ``llama_backend_init``.
 
     ``llama_backend_init`` loads every module it finds only while no backend is registered, so
-    after this call it loads nothing else (in particular not a variant the probe condemned)."""
+    after the CPU module's call it loads nothing else (in particular not a variant the probe
+    condemned, nor a GPU module that failed its own probe)."""
     if module is None:
         return
     ggml = ggml_library()
     ggml.ggml_backend_load.restype = ctypes.c_void_p
     ggml.ggml_backend_load.argtypes = [ctypes.c_char_p]
     if not ggml.ggml_backend_load(str(module).encode()):
-        raise BackendError(f"llama.cpp could not load its CPU module {module}")
+        raise BackendError(f"llama.cpp could not load its {role} module {module}")
 
 
 def ggml_library() -> ctypes.CDLL:
