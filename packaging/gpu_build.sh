@@ -47,13 +47,8 @@ OUT="$CACHE/gpu-modules/$KIND-$VERSION-$KEY"
 MODULE="$OUT/libggml-$KIND.so"
 say() { printf 'specdeck gpu build: %s\n' "$*" >&2; }
 
-apt_install() {
-    command -v apt-get >/dev/null || { say "please install: $*"; exit 1; }
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    say "installing system packages: $*"
-    $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
+# shellcheck source=packaging/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
 
 sources() {  # the sdist's tree, unpacked once
     local dir="$CACHE/src/llama-cpp-python-$VERSION"

@@ -100,8 +100,7 @@ def vram_and_output(args) -> list[str]:
 
 def _compare(gpu, cpu, prompt: list[int], gen) -> tuple[int, float] | None:
     """None when both give the same tokens, else (position, the CPU's top-2 margin there)."""
-    import numpy as np
-
+    from backends.bench import logit_margin
     from backends.core.types import Finished
 
     def tokens(session) -> list[int]:
@@ -113,18 +112,7 @@ def _compare(gpu, cpu, prompt: list[int], gen) -> tuple[int, float] | None:
     if a == b:
         return None
     pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    logits = _next_logits(cpu, prompt + b[:pos])
-    top2 = np.sort(logits)[-2:]
-    return pos, float(top2[1] - top2[0])
-
-
-def _next_logits(session, context: list[int]):
-    """The target's logits for the token after ``context``."""
-    from backends.core.types import EMPTY_PROPOSAL
-
-    session.reset()
-    session.target.prefill(context[:-1])
-    return session.target.verify(context[-1], EMPTY_PROPOSAL).row(0)
+    return pos, logit_margin(cpu, prompt + b[:pos], gen.sampling)[0]
 
 
 def speeds(args) -> list[str]:
