@@ -126,6 +126,7 @@ class BenchConfig:
     n_gpu_layers: int = -1  # AUTO: the fit estimator's offload on the running GPU backend (none: CPU)
     flash_attn: str = "auto"
     method_settings: dict = field(default_factory=dict)  # method -> {setting: value}
+    heads: tuple[str, ...] = ()  # trained head files (else those found for the model)
 
 
 @dataclass(frozen=True)
@@ -495,7 +496,7 @@ def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO
     gen = GenerationSettings(max_new_tokens=config.max_new_tokens, sampling=sampling)
     session = Session(SessionConfig(model=config.model, draft_model=config.draft_model, n_ctx=config.n_ctx,
                                     n_threads=config.n_threads, n_gpu_layers=config.n_gpu_layers,
-                                    flash_attn=config.flash_attn))
+                                    flash_attn=config.flash_attn, heads=config.heads))
     sampler = Sampler.for_this_machine()
     if not sampler.has_power:  # no power reading to integrate: telemetry would only cost CPU
         sampler.stop()

@@ -8,6 +8,7 @@
     specdeck hw --json
     specdeck fit gemma3-270m-q4_k_m --ctx 8192
     specdeck recommend smollm2-135m-f16 --task summarize
+    specdeck train medusa --model smollm2-135m-f16 --minutes 30
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def _add_session_args(p: argparse.ArgumentParser, *, default_model: str) -> None
                    help="layers to put on the GPU (default -1: what `specdeck fit` places on the GPU module that runs; "
                         "0: CPU only)")
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--head", action="append", default=[], metavar="FILE",
+                   help="a trained head (.json from `specdeck train`); default: those found for the model")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, *, temperature: float) -> None:
@@ -143,6 +146,20 @@ def build_parser() -> argparse.ArgumentParser:
     sans.add_argument("--max-new-tokens", type=int, default=256)
     sans.add_argument("--prompts", type=Path, default=None)
     sans.add_argument("--out", type=Path, required=True)
+    train = sub.add_parser("train", help="train a draft head for a model, on this PC, from its own answers")
+    train.add_argument("kind", choices=("medusa",))
+    train.add_argument("--model", default=DEFAULT_MODEL, help="known model id or path to a .gguf file")
+    train.add_argument("--data", default="spec-bench",
+                       help="spec-bench (questions a bench does not evaluate) or a JSONL file of prompts")
+    train.add_argument("--minutes", type=float, default=30.0, help="the whole time budget, recording included")
+    train.add_argument("--prompts", type=int, default=None, help="record at most this many conversations")
+    train.add_argument("--steps", type=int, default=None, help="training steps (default: what the time allows)")
+    train.add_argument("--max-new-tokens", type=int, default=256, help="longest recorded answer")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--threads", type=int, default=None)
+    train.add_argument("--out", type=Path, default=None, help="where to write the head (default: the user's heads)")
+    train.add_argument("--progress", choices=("text", "json"), default="text",
+                       help="json: one JSON line per progress event on stdout (for other programs)")
     add_hardware_commands(sub)
     return parser
 
@@ -247,7 +264,7 @@ def _session_config(args: argparse.Namespace):
     from backends.factory import SessionConfig
 
     return SessionConfig(model=args.model, draft_model=args.draft_model, n_ctx=args.n_ctx, n_threads=args.threads,
-                         n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn)
+                         n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn, heads=tuple(args.head))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -322,13 +339,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         categories=tuple(c.strip() for c in args.categories.split(",")) if args.categories else None,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, repeats=args.repeats,
         n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn,
-        method_settings=_with_datastore(_method_settings(args.set), args.datastore),
+        method_settings=_with_datastore(_method_settings(args.set), args.datastore), heads=tuple(args.head),
     )
     result = run_bench(config)
     if args.json:
         write_json(result, args.json)
     if args.csv:
         write_csv(result, args.csv)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from backends.train import TrainRequest, json_report, text_report, train
+
+    train(TrainRequest(kind=args.kind, model=args.model, data=args.data, minutes=args.minutes, prompts=args.prompts,
+                       steps=args.steps, max_new_tokens=args.max_new_tokens, seed=args.seed, out=args.out,
+                       n_threads=args.threads),
+          report=json_report() if args.progress == "json" else text_report())
     return 0
 
 
@@ -350,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     from backends.hardware.commands import cmd_fit, cmd_hw, cmd_recommend
 
     handlers = {"models": cmd_models, "chat": cmd_chat, "bench": cmd_bench, "hw": cmd_hw, "fit": cmd_fit,
-                "recommend": cmd_recommend, "datastore": cmd_datastore}
+                "recommend": cmd_recommend, "datastore": cmd_datastore, "train": cmd_train}
     try:
         return handlers[args.command](args)
     except SpecDeckError as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -25,8 +26,9 @@ from backends.core.engine import generate
 from backends.core.errors import IncompatibleDraftError, SpecDeckError
 from backends.core.noise import BatchNoise, measure_batch_noise
 from backends.core.protocols import Drafter
-from backends.core.types import ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
-from backends.drafters import DRAFT_MODEL, DrafterResources, describe, method_spec
+from backends.core.types import HIDDEN_STATES, ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
+from backends.drafters import DRAFT_MODEL, DrafterResources, describe, head_requirement, method_spec
+from backends.heads.files import HeadFile, ModelFingerprint, find_heads
 from backends.hardware.offload import AUTO, resolve_gpu_layers
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
@@ -64,6 +66,10 @@ class SessionConfig:
     n_threads: int | None = None
     n_gpu_layers: int = AUTO  # AUTO: what the fit estimator places on the running GPU backend (none: 0)
     flash_attn: str = "auto"
+    heads: tuple[str, ...] = ()  # trained head files to use (else those found for the model)
+
+
+HEAD_KINDS = ("medusa",)  # the kinds of trained heads a session looks for
 
 
 class Session:
@@ -85,6 +91,8 @@ class Session:
         self._draft_costs: CostModel | None = None
         self._noise: BatchNoise | None = None
         self._memory: dict = {}  # what drafters learned in earlier answers (see DrafterResources)
+        self._path = path
+        self._heads: dict[tuple[str, str], HeadFile] = {}
         try:
             self.target = self._context(self.model)
             if config.draft_model:
@@ -138,7 +146,41 @@ class Session:
     # -- capabilities and costs ----------------------------------------------------------------
     @property
     def offers(self) -> frozenset[str]:
-        return self.target.offers | ({DRAFT_MODEL} if self.draft_target is not None else frozenset())
+        heads = {head_requirement(k) for k in self.head_kinds} if HIDDEN_STATES in self.target.offers else set()
+        return self.target.offers | heads | ({DRAFT_MODEL} if self.draft_target is not None else frozenset())
+
+    @property
+    def head_kinds(self) -> tuple[str, ...]:
+        """The kinds of trained heads at hand for this model (given, or found next to it, among the
+        user's trained heads or the shipped ones); looked up each time (a few directory listings),
+        so a head trained while the model is loaded counts at once."""
+        given = {HeadFile.kind_of(p) for p in self.config.heads}
+        return tuple(k for k in HEAD_KINDS if k in given or find_heads(self._path, k, fingerprint=self.fingerprint))
+
+    def forget_heads(self) -> None:
+        """Look heads up again at their next use (one was trained or replaced meanwhile)."""
+        self._heads.clear()
+
+    @cached_property
+    def fingerprint(self) -> ModelFingerprint:
+        """What trained heads are checked against (from the GGUF header)."""
+        return ModelFingerprint.of(self._path)
+
+    def head(self, kind: str, path: str = "") -> HeadFile:
+        """A trained head of ``kind`` for the loaded model: ``path``, one given in the config, or the
+        best one found; loaded once. A head made for another model is refused, naming both."""
+        key = (kind, path)
+        if key not in self._heads:
+            given = [p for p in self.config.heads if HeadFile.kind_of(p) == kind]
+            candidates = [path] if path else given or [str(p) for p in find_heads(self._path, kind,
+                                                                                   fingerprint=self.fingerprint)]
+            if not candidates:
+                raise SpecDeckError(f"no {kind} head has been trained for {self.model.name}: "
+                                    f"`specdeck train {kind} --model {self.config.model}` makes one")
+            head = HeadFile.load(candidates[0])
+            head.check_for(self.fingerprint, kind)
+            self._heads[key] = head
+        return self._heads[key]
 
     def cost_model(self) -> CostModel:
         """The target's verify cost model: measured once per model file, thread count and build."""
@@ -239,6 +281,7 @@ class Session:
             memory=self._memory,
             vocab=self.model.vocab_info,
             stop=stop,
+            head=self.head,
         )
         drafter = spec.build(chosen, resources)
         missing = drafter.requires - self.target.offers

@@ -31,7 +31,7 @@ from backends.core.types import Finished, Step
 from backends.drafters import REGISTRY
 from backends.factory import SessionConfig
 from backends.hardware.detect import detect_hardware
-from backends.hardware.fit import RuntimeSettings, method_extra, plan
+from backends.hardware.fit import RuntimeSettings, method_extra, plan, trained_head_bytes
 from backends.hardware.recommend import recommend
 from backends.hardware.shape import load_shape
 from backends.hardware.telemetry import Sampler
@@ -45,6 +45,7 @@ from desktop.jobs import run_job
 from desktop.library import ModelLibrary
 from desktop.panels import HardwarePanel, MethodAdvice, MethodPanel, SamplingPanel, ScrollColumn
 from desktop.store import ConversationStore
+from desktop.train import TrainDialog
 from desktop.worker import (
     AnswerEvent,
     AnswerRequest,
@@ -82,6 +83,7 @@ class MainWindow(QMainWindow):
     load_request = Signal(object)
     answer_request = Signal(object)
     compare_request = Signal(object)
+    heads_changed = Signal()
 
     def __init__(self, *, sampler: Sampler | None, store: ConversationStore, settings: QSettings,
                  autoload: str | None = DEFAULT_MODEL) -> None:
@@ -136,6 +138,7 @@ class MainWindow(QMainWindow):
         self.load_request.connect(self.worker.load)
         self.answer_request.connect(self.worker.answer)
         self.compare_request.connect(self.worker.compare)
+        self.heads_changed.connect(self.worker.refresh_heads)
         w = self.worker
         w.loading.connect(self._on_loading)
         w.ready.connect(self._on_ready)
@@ -185,6 +188,8 @@ class MainWindow(QMainWindow):
         self.hardware_panel = HardwarePanel()
         self.methods = MethodPanel()
         self.methods.draft_chosen.connect(self.load_draft)
+        self.methods.train_requested.connect(self.open_train_dialog)
+        self.train_dialog: TrainDialog | None = None
         self.methods.runnable_changed.connect(self.compare.set_available)  # greyed, or settings incomplete
         self.sampling = SamplingPanel()
         self.charts = LiveCharts(self.sampler, has_gpu=bool(self.sampler and self.sampler.has_gpu))
@@ -314,6 +319,20 @@ class MainWindow(QMainWindow):
             return
         self._load = LoadRequest(SessionConfig(model=spec, draft_model=draft, n_ctx=n_ctx))
         self.load_request.emit(self._load)
+
+    def open_train_dialog(self, kind: str) -> None:
+        """The train dialog for the loaded model (one at a time; a running one is shown again)."""
+        if self.model is None:
+            self.show_error("No model loaded", "load the model to train a head for first")
+            return
+        dialog = self.train_dialog
+        if dialog is None or not dialog.running():
+            if dialog is not None:
+                dialog.deleteLater()
+            dialog = self.train_dialog = TrainDialog(self.model.path, kind or "medusa", self)
+            dialog.trained.connect(lambda _path: self.heads_changed.emit())
+        dialog.show()
+        dialog.raise_()
 
     def load_draft(self, draft_path: str) -> None:
         if self.model is None:
@@ -488,6 +507,8 @@ class MainWindow(QMainWindow):
     # -- closing -----------------------------------------------------------------------------
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt's name
         self.save_settings()
+        if self.train_dialog is not None:
+            self.train_dialog.close()  # stops its training; what it made so far is kept
         self.stop()  # the worker finishes its current step, then frees the models
         QMetaObject.invokeMethod(self.worker, "shutdown", Qt.ConnectionType.BlockingQueuedConnection)
         self.thread.quit()
@@ -513,5 +534,7 @@ def compute_advice(ready: ModelReady, hw: HardwareReport) -> MethodAdvice:
     shape = load_shape(ready.path)
     compatible = recs.compatible_drafts
     draft = load_shape(ready.draft_model) if ready.draft_model else (compatible[0] if compatible else None)
-    fits = {name: plan(shape, hw, rt, method_extra(spec, rt.n_ctx, draft=draft)) for name, spec in REGISTRY.items()}
+    fits = {name: plan(shape, hw, rt, method_extra(spec, rt.n_ctx, draft=draft, hidden_size=shape.n_embd,
+                                                    heads_bytes=trained_head_bytes(spec, ready.path)))
+            for name, spec in REGISTRY.items()}
     return MethodAdvice(recs, fits, tuple(Path(s.path) for s in compatible), recs.rejected_drafts)

@@ -25,8 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.core.types import GenerationSettings, SamplingSettings
-from backends.drafters import DATASTORE, DRAFT_MODEL, REGISTRY, describe
+from backends.core.types import HIDDEN_STATES, GenerationSettings, SamplingSettings
+from backends.drafters import DATASTORE, DRAFT_MODEL, HEAD_PREFIX, REGISTRY, describe
 from backends.hardware.detect import format_report
 from backends.hardware.fit import FitReport
 from backends.hardware.recommend import Recommendation, Recommendations
@@ -118,6 +118,7 @@ class MethodPanel(QGroupBox):
 
     method_changed = Signal(str)
     draft_chosen = Signal(str)
+    train_requested = Signal(str)  # a kind of head ("medusa") the chosen method lacks
     runnable_changed = Signal(dict)  # runnable(): after new advice and after every settings change
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -152,9 +153,15 @@ class MethodPanel(QGroupBox):
         self.draft_box.setModel(self.draft_items)
         self.load_draft = QPushButton("Load draft model")
         self.load_draft.clicked.connect(self._choose_draft)
+        self.train = QPushButton("Train a head for this model ...")
+        self.train.setObjectName("train_head")
+        self.train.hide()
+        self.train.clicked.connect(lambda: self.train_requested.emit(self.missing_head() or ""))
+        self._offers: frozenset[str] = frozenset()
         layout.addWidget(self.combo)
         layout.addWidget(self.recommended)
         layout.addWidget(self.reason)
+        layout.addWidget(self.train)
         layout.addWidget(self.forms)
         layout.addWidget(QLabel("Draft model (same vocabulary only):"))
         layout.addWidget(self.draft_box)
@@ -230,7 +237,21 @@ class MethodPanel(QGroupBox):
         self.forms.setCurrentWidget(self.form_of[name])
         self.forms.adjustSize()
         self._show_details(name)
+        kind = self.missing_head()
+        self.train.setVisible(self.advice is not None and kind is not None)
+        self.train.setText(f"Train a {kind} head for this model ...")
         self.method_changed.emit(name)
+
+    def missing_head(self) -> str | None:
+        """A kind of trained head that a method needs and the loaded model lacks (while the model
+        gives hidden states to train one on), if any: what the Train button offers to make."""
+        if HIDDEN_STATES not in self._offers:
+            return None
+        for spec in REGISTRY.values():
+            missing = sorted(r for r in spec.requires - self._offers if r.startswith(HEAD_PREFIX))
+            if missing:
+                return missing[0][len(HEAD_PREFIX):]
+        return None
 
     def _choose_draft(self) -> None:
         path = self.draft_box.currentData()
@@ -241,6 +262,7 @@ class MethodPanel(QGroupBox):
     def set_advice(self, advice: MethodAdvice, offers: frozenset[str]) -> None:
         """Label every method; grey out those the loaded session cannot run, saying why."""
         self.advice = advice
+        self._offers = offers
         current = self.method()
         by_name = {r.method: r for r in advice.recommendations.ranked}
         self.combo.blockSignals(True)  # rebuilding the list is not the user choosing a method
@@ -344,7 +366,14 @@ _IN_THE_WINDOW = {  # requirements in the words of this window's controls (descr
 
 
 def _needs(missing: frozenset[str]) -> str:
-    return "; ".join(_IN_THE_WINDOW.get(r) or describe(frozenset({r})) for r in sorted(missing))
+    return "; ".join(_in_the_window(r) for r in sorted(missing))
+
+
+def _in_the_window(requirement: str) -> str:
+    if requirement.startswith(HEAD_PREFIX):
+        return (f"a trained {requirement[len(HEAD_PREFIX):]} head for this model (the Train button below makes one "
+                "on this PC)")
+    return _IN_THE_WINDOW.get(requirement) or describe(frozenset({requirement}))
 
 
 def _why_disabled(name: str, missing: frozenset[str], rec: Recommendation | None) -> str | None:

@@ -154,6 +154,7 @@ class Worker(QObject):
         # ctypes callback; emitting a Qt signal from there crashed PySide, so the GUI polls this.
         self.load_fraction = 0.0
         self._prefill_done = -1  # the prefill progress last reported (see _report_prefill)
+        self._load_seconds = 0.0  # how long the loaded model took to load
 
     # -- loading -------------------------------------------------------------------------------
     @Slot(object)
@@ -188,7 +189,8 @@ class Worker(QObject):
         else:
             self._close_session()
             self.session = session
-            self.ready.emit(self._ready(session, request.config, time.perf_counter() - start))
+            self._load_seconds = time.perf_counter() - start
+            self.ready.emit(self._ready(session, request.config, self._load_seconds))
         finally:
             self.busy.emit(False)
 
@@ -356,6 +358,13 @@ class Worker(QObject):
             near_tie=None if div is None else div["near_tie"], divergence_note="" if div is None else div["explained"],
             divergence_position=None if div is None else div["position"],
         )
+
+    @Slot()
+    def refresh_heads(self) -> None:
+        """A head was trained for the loaded model: report what the session offers now."""
+        if self.session is not None:
+            self.session.forget_heads()
+            self.ready.emit(replace(self._ready(self.session, self.session.config, 0.0), seconds=self._load_seconds))
 
     # -- lifecycle -----------------------------------------------------------------------------
     @Slot()

@@ -22,6 +22,7 @@
 #   Ampere 86, Ada 89, Hopper 90, Blackwell 120. Compiling takes hours on 2 cores.
 #
 # Modules are cached under the user cache directory, keyed by version, backend and flags.
+# SPECDECK_BUILD_JOBS caps the compile jobs (default: every core).
 set -euo pipefail
 KIND="${1:?usage: gpu_build.sh vulkan|cuda PYTHON [--install]}"
 PY="${2:?usage: gpu_build.sh vulkan|cuda PYTHON [--install]}"
@@ -118,7 +119,7 @@ if [ ! -f "$MODULE" ]; then
     start=$(date +%s)
     # shellcheck disable=SC2086 # the flag strings are lists of words
     cmake -S "$src" -B "$build" -G Ninja $BASE $FLAGS $extra -DGGML_CCACHE=OFF >&2
-    cmake --build "$build" --target "ggml-$KIND" -j "$(nproc)" >&2
+    cmake --build "$build" --target "ggml-$KIND" -j "${SPECDECK_BUILD_JOBS:-$(nproc)}" >&2
     built=$(find "$build" -name "libggml-$KIND.so" -type f | head -n1)
     [ -n "$built" ] || { say "the build finished without libggml-$KIND.so"; exit 1; }
     mkdir -p "$OUT"

@@ -6,6 +6,10 @@ itself the way real text does, and prompt lookup has something to find). Whether
 computed alone, in a chain or in a tree, the numbers are bit-identical, so speculative output
 must equal plain greedy output exactly. Real models are tested separately, where divergences
 must sit at numerical near-ties.
+
+With ``hidden_size`` it also offers ``HIDDEN_STATES``: the "hidden state" of a position is a fixed
+random vector of its last two tokens, again a pure function of the history, so heads trained or
+drawn at random can draft from it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import numpy as np
 
 from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import ROLLBACK, TREE, Proposal, TargetLimits, TargetOutput, Verdict
+from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE, Proposal, TargetLimits, TargetOutput, Verdict
 
 
 class OracleTarget:
@@ -27,8 +31,13 @@ class OracleTarget:
 
     def __init__(self, vocab: int = 32, *, seed: int = 0, n_ctx: int = 512, sharpness: float = 2.5,
                  induction: float = 3.0, perturb: float = 0.0, perturb_seed: int = 1, eos: int | None = None,
-                 eos_bias: float = -4.0, max_batch: int = 512, max_paths: int = 32) -> None:
+                 eos_bias: float = -4.0, max_batch: int = 512, max_paths: int = 32, hidden_size: int = 0) -> None:
         rng = np.random.default_rng(seed)
+        self.hidden_size = hidden_size
+        self.states = rng.normal(size=(vocab, vocab, hidden_size)).astype(np.float32) if hidden_size else None
+        if hidden_size:
+            self.offers = frozenset({TREE, ROLLBACK, HIDDEN_STATES})
+        self._keep_hidden = False
         self.table = rng.normal(size=(vocab, vocab, vocab)).astype(np.float32) * sharpness
         if perturb:
             noise = np.random.default_rng(perturb_seed).normal(size=self.table.shape).astype(np.float32)
@@ -58,6 +67,10 @@ class OracleTarget:
                 break
         return row
 
+    def state_for(self, history: Sequence[int]) -> np.ndarray:
+        """The hidden state after ``history`` (pure function of its last two tokens)."""
+        return self.states[history[-2] if len(history) > 1 else 0, history[-1]]
+
     # -- target protocol -----------------------------------------------------------------------
     @property
     def n_past(self) -> int:
@@ -66,12 +79,16 @@ class OracleTarget:
     def reset(self) -> None:
         self.tokens = []
 
-    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None) -> int:
+    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
+                hidden: bool = False) -> int:
         if len(tokens) > self.n_ctx:
             raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
         common = 0
         while common < min(len(tokens), len(self.tokens)) and tokens[common] == self.tokens[common]:
             common += 1
+        if hidden and self.states is None:
+            raise BackendError("this oracle has no hidden states (hidden_size=0)")
+        self._keep_hidden = hidden
         del self.tokens[common:]
         for start in range(common, len(tokens), self.limits.max_batch):
             if stop is not None and stop():
@@ -104,7 +121,16 @@ class OracleTarget:
                 path = [proposal.tokens[j] for j in np.flatnonzero(tree.mask[i])]
                 rows.append(self.logits_for(base + path))
         self._pending = (root, proposal.tokens)
-        return TargetOutput(logits=np.stack(rows))
+        hidden = None
+        if self._keep_hidden:
+            hidden = np.stack([self.state_for(base)] + [self.state_for(base + [proposal.tokens[j] for j in
+                              np.flatnonzero(compile_tree(proposal.parents).mask[i])]) for i in range(proposal.size)])
+        return TargetOutput(logits=np.stack(rows), hidden=hidden)
+
+    def hidden_states(self, start: int, end: int) -> np.ndarray:
+        if not self._keep_hidden or end > len(self.tokens):
+            raise BackendError(f"no hidden states kept for positions {start}..{end - 1}")
+        return np.stack([self.state_for(self.tokens[: i + 1]) for i in range(start, end)]).reshape(-1, self.hidden_size)
 
     def commit(self, verdict: Verdict) -> None:
         root, tokens = self._pending

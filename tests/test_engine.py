@@ -72,7 +72,7 @@ class OracleTreeDrafter:
     def __init__(self, oracle: OracleTarget, seed: int, sampling: SamplingSettings) -> None:
         self.oracle, self.rng, self.sampling = oracle, np.random.default_rng(seed), sampling
 
-    def begin(self, prompt):
+    def begin(self, prompt, hidden=None):
         pass
 
     def propose(self, context, budget: Budget) -> Proposal:

@@ -116,7 +116,7 @@ class QuoteThenSilence:
     def __init__(self, oracle: OracleTarget, quote: int) -> None:
         self.oracle, self.quote, self.start = oracle, quote, 0
 
-    def begin(self, prompt):
+    def begin(self, prompt, hidden=None):
         self.start = len(prompt)
 
     def propose(self, context, budget):
@@ -249,10 +249,10 @@ def test_a_rollback_that_did_not_happen_stops_the_answer():
 
 
 def test_targets_that_cannot_roll_back_offer_no_speculation():
-    from backends.core.types import ROLLBACK, TREE
+    from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE
     from backends.llamacpp.target import offers_for
 
-    assert offers_for(recurrent=False, hybrid=False) == {TREE, ROLLBACK}
+    assert offers_for(recurrent=False, hybrid=False) == {TREE, ROLLBACK, HIDDEN_STATES}
     assert offers_for(recurrent=True, hybrid=False) == frozenset()
     assert offers_for(recurrent=False, hybrid=True) == frozenset()
     assert ROLLBACK in PLDDrafter().requires and ROLLBACK in _draft(OracleTarget(), 0)[0].requires
@@ -278,7 +278,7 @@ class Clairvoyant:
     def __init__(self, oracle: OracleTarget) -> None:
         self.oracle = oracle
 
-    def begin(self, prompt):
+    def begin(self, prompt, hidden=None):
         pass
 
     def propose(self, context, budget):

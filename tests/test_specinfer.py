@@ -236,7 +236,7 @@ class _Fixed:
     def observe(self, out, verdict):
         self.seen = verdict
 
-    def begin(self, prompt):
+    def begin(self, prompt, hidden=None):
         pass
 
 

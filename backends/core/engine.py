@@ -22,7 +22,7 @@ from backends.core.protocols import Drafter, Target
 from backends.core.sampling import make_rng
 from backends.core.stats import StatsRecorder
 from backends.core.text import TextStream
-from backends.core.types import Budget, Event, Finished, GenerationSettings, Prefilled, Step
+from backends.core.types import HIDDEN_STATES, Budget, Event, Finished, GenerationSettings, Prefilled, Step
 
 
 def check_prompt(prompt: Sequence[int], n_ctx: int) -> None:
@@ -88,9 +88,10 @@ def generate(
     check_prompt(prompt, target.n_ctx)
     t0 = clock()
     stats = StatsRecorder(method, len(prompt))
+    hidden = HIDDEN_STATES in drafter.requires
     try:
-        reused = target.prefill(prompt[:-1], stop=None if cancel is None else cancel.is_set)
-        drafter.begin(prompt)
+        reused = target.prefill(prompt[:-1], stop=None if cancel is None else cancel.is_set, hidden=hidden)
+        drafter.begin(prompt, target.hidden_states(0, len(prompt) - 1) if hidden else None)
     except Cancelled:
         yield Finished(reason="cancelled", tokens=(), text="", stats=stats.result("cancelled"))
         return

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
+import numpy as np
+
 from backends.core.types import Budget, Proposal, TargetLimits, TargetOutput, Verdict
 
 
@@ -32,11 +34,18 @@ class Target(Protocol):
     def reset(self) -> None:
         """Empty the KV cache."""
 
-    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None) -> int:
+    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
+                hidden: bool = False) -> int:
         """Make the cache hold exactly ``tokens`` (reusing a common prefix); returns reused count.
 
         ``stop`` is asked between chunks of the prompt; once it says yes the prefill raises
-        ``Cancelled``, leaving a prefix of ``tokens`` in the cache (a later prefill reuses it)."""
+        ``Cancelled``, leaving a prefix of ``tokens`` in the cache (a later prefill reuses it).
+        ``hidden`` (targets offering ``HIDDEN_STATES``): keep every position's hidden state for
+        ``hidden_states``, and return states with every verify until a prefill without it."""
+
+    def hidden_states(self, start: int, end: int) -> np.ndarray:
+        """The kept hidden states of cached positions ``start .. end - 1``, [end - start, d] float32
+        (``HIDDEN_STATES`` targets, after ``prefill(..., hidden=True)``)."""
 
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
         """One forward over the root (at position ``n_past``) and every proposal node."""
@@ -66,15 +75,18 @@ class Drafter(Protocol):
 
     requires: frozenset[str]
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        """A new answer starts after ``prompt`` (the engine has prefilled the target)."""
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
+        """A new answer starts after ``prompt`` (the engine has prefilled the target). A drafter
+        that requires ``HIDDEN_STATES`` gets the target's states of ``prompt[:-1]`` as ``hidden``
+        ([len(prompt) - 1, d]); the root's comes as row 0 of the first verify."""
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         """Tokens that may follow ``context`` (whose last token is the root)."""
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         """Feedback after each verify that followed this drafter's ``propose``: adapt lengths, sync
-        a draft model's cache, read hidden states."""
+        a draft model's cache, read hidden states (``out.hidden`` row 0 is the root's, row
+        ``i + 1`` node ``i``'s; the accepted rows are the root and ``verdict.path``)."""
 
     def skipped(self, tokens: Sequence[int]) -> None:
         """A step went ahead without asking this drafter to propose (a drafter that combines

@@ -24,14 +24,23 @@ from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
+from backends.drafters.medusa import MedusaDrafter, MedusaSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
 from backends.drafters.rest import RESTDrafter, RESTSettings
 from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings
+from backends.heads.files import HeadFile
+from backends.heads.medusa import MedusaHeads
 from backends.models.datastore import DATASTORE_FILE, Datastore
 from backends.models.gguf_info import VocabInfo
 
 DRAFT_MODEL = "draft_model"  # a requirement: a compatible draft model is loaded
 DATASTORE = "datastore"  # a requirement of methods whose settings name a REST datastore
+HEAD_PREFIX = "head:"  # "head:medusa": a head of that kind trained for the loaded model is at hand
+
+
+def head_requirement(kind: str) -> str:
+    return HEAD_PREFIX + kind
+
 REQUIREMENT_TEXT = {
     DRAFT_MODEL: "a draft model with the target's vocabulary (--draft-model)",
     DATASTORE: "a REST datastore built for this model's tokenizer (`specdeck datastore build`)",
@@ -44,7 +53,14 @@ REQUIREMENT_TEXT = {
 
 def describe(requirements: frozenset[str]) -> str:
     """Requirements in words, for error messages and greyed-out GUI entries."""
-    return "; ".join(REQUIREMENT_TEXT.get(r, r) for r in sorted(requirements))
+    return "; ".join(_requirement_text(r) for r in sorted(requirements))
+
+
+def _requirement_text(requirement: str) -> str:
+    if requirement.startswith(HEAD_PREFIX):
+        kind = requirement[len(HEAD_PREFIX):]
+        return f"a {kind} head trained for this model (`specdeck train {kind} --model MODEL`)"
+    return REQUIREMENT_TEXT.get(requirement, requirement)
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,9 @@ class DrafterResources:
     memory: dict = field(default_factory=dict)
     vocab: VocabInfo | None = None  # the target's tokenizer (datastores are checked against it)
     stop: Callable[[], bool] | None = None  # Stop pressed: long work of a drafter's own (a draft model's prefill) ends
+    # A trained head of a kind ("medusa") for the target, from a file (a settings field) or the one
+    # found for the model (""); raises with the reason when none fits.
+    head: Callable[[str, str], HeadFile] | None = None
 
 
 TASKS = ("chat", "summarize", "code", "rag")  # the kinds of work the recommender ranks methods for
@@ -163,6 +182,19 @@ def _build_rest(settings: RESTSettings, res: DrafterResources) -> Drafter:
 def _build_lookahead(settings: LookaheadSettings, res: DrafterResources) -> Drafter:
     drafter = LookaheadDrafter(settings, costs=res.costs(), bandit=res.memory.get(("lookahead", settings)))
     res.memory[("lookahead", settings)] = drafter.bandit  # what it measured carries over to the next answer
+    return drafter
+
+
+def _build_medusa(settings: MedusaSettings, res: DrafterResources) -> Drafter:
+    if res.head is None:
+        raise SpecDeckError("medusa needs a target that gives hidden states, and a trained Medusa head")
+    head = res.head("medusa", settings.head)
+    heads = res.memory.get(("medusa heads", id(head)))
+    if heads is None:
+        heads = res.memory[("medusa heads", id(head))] = MedusaHeads(head)
+    sizer = res.memory.get(("medusa", settings))
+    drafter = MedusaDrafter(heads, settings, costs=res.costs(), sizer=sizer)
+    res.memory[("medusa", settings)] = drafter.sizer  # calibration carries over to the next answer
     return drafter
 
 
@@ -308,6 +340,19 @@ REGISTRY: dict[str, MethodSpec] = {
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.45, "code": 0.45, "rag": 0.4}),
             prior_draft=6,
             pool_bytes=PLDDrafter.pool_bytes,
+        ),
+        MethodSpec(
+            "medusa",
+            "Medusa heads trained for this model on its own answers read its last hidden state and guess "
+            "the next tokens (`specdeck train medusa`)",
+            MedusaSettings,
+            _build_medusa,
+            requires=frozenset({HIDDEN_STATES, TREE, ROLLBACK, head_requirement("medusa")}),
+            requires_for=lambda s: frozenset({HIDDEN_STATES, ROLLBACK, head_requirement("medusa")}
+                                             | ({TREE} if s.width > 1 else set())),
+            # SmolLM2-135M's shipped head: 21% held-out top-1 agreement for the first guess, 10% the second
+            prior_acceptance=MappingProxyType({"chat": 0.2, "summarize": 0.2, "code": 0.2, "rag": 0.2}),
+            prior_draft=2,
         ),
         MethodSpec(
             "specinfer",

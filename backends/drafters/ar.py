@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 
 
@@ -23,7 +25,7 @@ class ARDrafter:
     def __init__(self, settings: ARSettings | None = None) -> None:
         self.settings = settings or ARSettings()
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         pass
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:

@@ -30,6 +30,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Hashable, Mapping, Sequence
 
+import numpy as np
+
 from backends.core.controller import Bandit
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
@@ -108,11 +110,11 @@ class AutoDrafter:
         """The arm of the current answer (shown in stats footers)."""
         return self.arm
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         self.arm = self.selector.choose(prompt_kind(prompt))
         self._drafter = self.arms.get(self.arm)
         if self._drafter is not None:
-            self._drafter.begin(prompt)
+            self._drafter.begin(prompt, hidden)
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         start = self.clock()

@@ -100,7 +100,7 @@ class DraftModelDrafter:
         """A draft model of the same family usually agrees with its target: start at 0.8."""
         return AcceptanceStats(prior=0.8)
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         self._hopeless = 0  # steps left to skip the controller (see HOPELESS_SKIP)
         self.declined = ""  # why this answer was not drafted, for its stats (see _choose_length)
         self._decoded = []

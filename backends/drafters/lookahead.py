@@ -142,7 +142,7 @@ class LookaheadDrafter:
         self.bandit = bandit or ShapeBandit(default_shapes(s), ngram=s.ngram)
         self.begin([])
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         s = self.settings
         self._pool = NgramPool(s.ngram, s.pool_per_token)
         self._pool.add_text(prompt, 0)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from backends.core.controller import AcceptanceStats, LengthController, ShadowLedger, chain_path_probs
 from backends.core.costs import CostModel
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, Budget, Proposal, TargetOutput, Verdict
@@ -140,7 +142,7 @@ class PLDDrafter:
         (0.29 for a single matching token, 0.86 for a quoted run of 16)."""
         return AcceptanceStats(prior=lambda bucket: bucket[0] / (bucket[0] + 2.5))
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         self._index = NgramIndex(self.settings.max_ngram, self.settings.min_ngram)
         self._index.extend(prompt)
         self._shadow = ShadowLedger()

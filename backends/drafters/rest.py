@@ -157,7 +157,7 @@ class RESTDrafter:
         self.conversation = conversation if self.settings.conversation else None
         self.begin([])
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         if self.conversation is not None:
             self.conversation.begin(prompt)
         self._from_conversation = False  # did the last proposal come from the conversation?

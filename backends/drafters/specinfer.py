@@ -180,9 +180,9 @@ class SpecInferDrafter:
         self._maps: tuple[tuple[int, ...], ...] = ()
         self._context_len = 0
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         for d in self.drafters:
-            d.begin(prompt)
+            d.begin(prompt, hidden)
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         if len(self.drafters) == 1:  # nothing to merge: it drafts, and learns, as if alone

@@ -72,7 +72,7 @@ def cmd_hw(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     from backends.drafters import DRAFT_MODEL, method_spec
     from backends.hardware.detect import detect_hardware
-    from backends.hardware.fit import file_bytes, method_extra, plan
+    from backends.hardware.fit import file_bytes, method_extra, plan, trained_head_bytes
     from backends.hardware.shape import load_shape
 
     spec = method_spec(args.method)
@@ -82,9 +82,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise SpecDeckError(f"{args.method} needs --draft-model")
     rt = RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type)
     draft = load_shape(_model_path(args.draft_model)) if args.draft_model and DRAFT_MODEL in spec.requires else None
-    extra = method_extra(spec, rt.n_ctx, draft=draft, heads_bytes=file_bytes(args.heads) if args.heads else 0,
-                         datastore_bytes=file_bytes(args.datastore) if args.datastore else 0)
     shape = load_shape(_model_path(args.model))
+    heads = file_bytes(args.heads) if args.heads else trained_head_bytes(spec, _model_path(args.model))
+    extra = method_extra(spec, rt.n_ctx, draft=draft, heads_bytes=heads, hidden_size=shape.n_embd,
+                         datastore_bytes=file_bytes(args.datastore) if args.datastore else 0)
     report = plan(shape, with_gpu_module(detect_hardware()), rt, extra, gpu_layers=args.n_gpu_layers)
     data = report.to_json()
     if args.measure:
@@ -142,11 +143,17 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from backends.llamacpp.target import LlamaTarget
     from backends.models.catalog import CATALOG, is_present, resolve_model
 
+    from backends.drafters import head_requirement
+    from backends.factory import HEAD_KINDS
+    from backends.heads.files import find_heads
+
     hw = with_gpu_module(detect_hardware())
     drafts = [_model_path(d) for d in args.draft_model] or [resolve_model(m) for m in CATALOG if is_present(m)]
-    result = recommend(_model_path(args.model), hw, task=args.task, drafts=drafts,
+    model = _model_path(args.model)
+    heads = frozenset(head_requirement(k) for k in HEAD_KINDS if find_heads(model, k))  # trained for this model
+    result = recommend(model, hw, task=args.task, drafts=drafts,
                        rt=RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type),
-                       cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes), target_offers=LlamaTarget.offers,
+                       cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes), target_offers=LlamaTarget.offers | heads,
                        costs=measured_costs)
     if args.json:
         print(json.dumps(result.to_json(), indent=1))

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from backends.core.errors import SpecDeckError
-from backends.drafters import DRAFT_MODEL, MethodSpec
+from backends.core.types import HIDDEN_STATES
+from backends.drafters import DRAFT_MODEL, HEAD_PREFIX, MethodSpec
 from backends.hardware.shape import ModelShape
 from backends.hardware.types import GpuInfo, HardwareReport
 
@@ -199,12 +200,28 @@ class Extra:
 
 
 def method_extra(spec: MethodSpec, n_ctx: int, *, draft: ModelShape | None = None, heads_bytes: int = 0,
-                 datastore_bytes: int = 0) -> Extra:
-    """What a method adds to its target's memory: its own pool, and a draft only if it needs one."""
+                 datastore_bytes: int = 0, hidden_size: int = 0) -> Extra:
+    """What a method adds to its target's memory: its own pool, a draft only if it needs one, and
+    for methods that read hidden states the states the target keeps (float16, one per position)."""
+    states = n_ctx * hidden_size * 2 if HIDDEN_STATES in spec.requires else 0
     terms = (MemoryTerm(f"{spec.name} pool", spec.pool_bytes(n_ctx), CPU),
-             MemoryTerm("REST datastore (memory-mapped)", datastore_bytes, CPU))
+             MemoryTerm("REST datastore (memory-mapped)", datastore_bytes, CPU),
+             MemoryTerm("hidden states kept for the head (float16)", states, CPU))
     return Extra(draft=draft if DRAFT_MODEL in spec.requires else None, heads_bytes=heads_bytes,
                  terms=tuple(t for t in terms if t.bytes))
+
+
+def trained_head_bytes(spec: MethodSpec, model: str | Path) -> int:
+    """Memory of the trained heads a method needs for ``model``, as found for it (numpy runs them
+    in float32: twice their float16 file); 0 when it needs none or none is there yet."""
+    from backends.heads.files import find_heads, stem
+
+    total = 0
+    for kind in sorted(r[len(HEAD_PREFIX):] for r in spec.requires if r.startswith(HEAD_PREFIX)):
+        found = find_heads(model, kind)
+        if found:
+            total += 2 * file_bytes(stem(found[0]).with_name(stem(found[0]).name + ".safetensors"))
+    return total
 
 
 def file_bytes(path: str | Path) -> int:

@@ -22,6 +22,18 @@ neither trees nor rollback, and the registry offers them plain decoding only.
 Logits. ``verify`` hands out llama.cpp's own logits buffer, read-only, instead of copying
 [n_nodes, vocab] float32 every step; it stays valid until this context's next decode, and the
 ``TargetOutput`` says when it no longer is (see ``backends.core.types.TargetOutput``).
+
+Hidden states (``HIDDEN_STATES``, for trained draft heads). A prefill asked for them turns on
+llama.cpp's per-token embeddings (``llama_set_embeddings``, pooling none): each forward then also
+returns the final hidden state after the output norm (the vector the output layer multiplies),
+for every row. That is the one state every architecture's graph produces; the per-layer inputs
+(``llama_get_embeddings_layer_inp``) exist only in some architectures' graphs and abort the
+process in the others. The context keeps the states of the cached positions (float16, a few MB;
+the pages of positions never reached stay unallocated), so a prompt that reuses the cached prefix
+of the previous turn still hands its drafter every state. Embeddings make every row an output, so
+a prefill with them also computes logits for every row (the output layer: about a quarter of a
+SmolLM2-135M forward, 6% of an 8B one) and runs in chunks of ``HIDDEN_CHUNK`` rows to bound the
+[rows, vocab] buffer. Positions without a state are recomputed when a prefill asks for states.
 """
 
 from __future__ import annotations
@@ -35,11 +47,13 @@ import numpy as np
 
 from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import ROLLBACK, TREE, Proposal, TargetLimits, TargetOutput, Verdict
+from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE, Proposal, TargetLimits, TargetOutput, Verdict
 from backends.llamacpp.model import LlamaModel
 from backends.models.llama_lib import llama, recent_errors
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+POOLING_NONE = 0  # llama_pooling_type: one embedding per token
+HIDDEN_CHUNK = 128  # prefill rows per forward while hidden states are kept (every row has logits then)
 
 
 def default_threads() -> int:
@@ -54,8 +68,9 @@ def default_threads() -> int:
 
 def offers_for(*, recurrent: bool, hybrid: bool) -> frozenset[str]:
     """What a context over such a model offers: trees and rollback need a cache that can forget
-    positions, which a recurrent state (recurrent and hybrid models alike) cannot."""
-    return frozenset() if recurrent or hybrid else frozenset({TREE, ROLLBACK})
+    positions, which a recurrent state (recurrent and hybrid models alike) cannot; hidden states
+    serve only drafters, which all need rollback."""
+    return frozenset() if recurrent or hybrid else frozenset({TREE, ROLLBACK, HIDDEN_STATES})
 
 
 class LlamaTarget:
@@ -103,6 +118,8 @@ class LlamaTarget:
         self.n_threads = threads
         self.max_tree_paths = max_tree_paths
         self.offers = offers_for(recurrent=model.is_recurrent, hybrid=model.is_hybrid)
+        if lib.llama_pooling_type(ctx) != POOLING_NONE:  # an embedding model: states would come pooled
+            self.offers -= {HIDDEN_STATES}
         self.limits = TargetLimits(max_batch=n_batch, max_paths=max_tree_paths)
         self._n_swa = model.n_swa  # sliding window of the SWA layers (0: none)
         self._decodes = 0  # counts forwards: a TargetOutput's logits are valid while it stands still
@@ -113,6 +130,12 @@ class LlamaTarget:
         self._batch = lib.llama_batch_init(self._capacity, 0, max_tree_paths)
         self._tokens: list[int] = []  # what the KV cache holds, position by position
         self._pending: tuple[int, list[int], tuple[tuple[int, ...], ...] | None] | None = None
+        self.hidden_size: int = model.n_embd
+        self._keep_hidden = False  # the last prefill asked for hidden states: every forward returns them
+        self._embeddings = False  # what llama_set_embeddings was last told
+        self._states: np.ndarray | None = None  # [n_ctx, hidden_size] float16, the cached positions' states
+        self._n_states = 0  # positions 0 .. _n_states - 1 have a state
+        self._last_hidden: np.ndarray | None = None  # [1 + n_nodes, hidden_size] of the last verify
         self._views()
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -152,6 +175,7 @@ class LlamaTarget:
     def reset(self) -> None:
         llama().llama_memory_clear(self.mem, True)
         self._tokens = []
+        self._n_states = 0
 
     def truncate(self, n: int) -> None:
         """Forget everything from position ``n`` on; raises ``BackendError`` when the cache cannot
@@ -171,6 +195,7 @@ class LlamaTarget:
         if not llama().llama_memory_seq_rm(self.mem, 0, n, -1):
             return False
         del self._tokens[n:]
+        self._n_states = min(self._n_states, n)
         return self._holds(n)
 
     def _holds(self, n: int) -> bool:
@@ -186,17 +211,25 @@ class LlamaTarget:
         need = max(0, n - self._n_swa) if self._n_swa > 0 else 0
         return 0 <= lib.llama_memory_seq_pos_min(self.mem, 0) <= need
 
-    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None) -> int:
+    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
+                hidden: bool = False) -> int:
         """Bring the cache to exactly ``tokens``, reusing the common prefix; returns reused count.
 
         A prefix the cache cannot be cut back to (a sliding window that moved past it, a recurrent
         state) is computed again from the start. ``stop`` is asked before every chunk of
-        ``n_batch`` tokens; a yes raises ``Cancelled`` with the chunks so far kept."""
+        ``n_batch`` tokens; a yes raises ``Cancelled`` with the chunks so far kept. ``hidden``:
+        keep the hidden state of every position (``hidden_states``), and return the states of
+        every later forward, until a prefill without it."""
         tokens = list(tokens)
         if len(tokens) > self.n_ctx:
             raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
+        if hidden and HIDDEN_STATES not in self.offers:
+            raise BackendError(f"{self.model.name} does not give hidden states (a recurrent model)")
+        self._keep_hidden = hidden
+        if hidden and self._states is None:
+            self._states = np.empty((self.n_ctx, self.hidden_size), dtype=np.float16)  # pages fill as used
         common = 0
-        limit = min(len(tokens), len(self._tokens))
+        limit = min(len(tokens), len(self._tokens), self._n_states if hidden else len(self._tokens))
         while common < limit and tokens[common] == self._tokens[common]:
             common += 1
         if common < len(self._tokens) and not self._forget(common):
@@ -216,19 +249,49 @@ class LlamaTarget:
         row = np.ctypeslib.as_array(llama().llama_get_logits_ith(self.ctx, last), shape=(1, self.n_vocab))
         return TargetOutput(logits=row.copy(), seconds=time.perf_counter() - start)
 
+    def hidden_states(self, start: int, end: int) -> np.ndarray:
+        """The hidden states of cached positions ``start .. end - 1``, [end - start, hidden_size]
+        float32 (a copy); only after a prefill that asked for them."""
+        if not self._keep_hidden or self._states is None or end > self._n_states or not 0 <= start <= end:
+            raise BackendError(f"hidden states of positions {start}..{end - 1} were not kept "
+                               f"({self._n_states} positions have one)")
+        return self._states[start:end].astype(np.float32)
+
+    def _use_embeddings(self, on: bool) -> None:
+        if on != self._embeddings:
+            llama().llama_set_embeddings(self.ctx, on)
+            self._embeddings = on
+
+    def _read_hidden(self, n: int) -> np.ndarray:
+        """The [n, hidden_size] states of the last forward's rows (all rows are outputs then)."""
+        ptr = llama().llama_get_embeddings(self.ctx)
+        if not ptr:
+            raise BackendError("llama.cpp returned no hidden states for this forward")
+        return np.ctypeslib.as_array(ptr, shape=(n, self.hidden_size))
+
+    def _store_states(self, position: int, rows: np.ndarray) -> None:
+        """Keep states for positions from ``position`` on, if they continue the kept ones."""
+        if self._states is not None and position <= self._n_states:
+            self._states[position : position + len(rows)] = rows
+            self._n_states = position + len(rows)
+
     def _decode_chunks(self, tokens: list[int], *, last_logits: bool, stop: Callable[[], bool] | None = None) -> int:
         """Decode ``tokens`` after the cache, ``n_batch`` at a time, logits for the very last one
         only when asked; returns that token's row in the last batch."""
         row = 0
-        for start in range(0, len(tokens), self._capacity):
+        self._use_embeddings(self._keep_hidden)
+        size = min(self._capacity, HIDDEN_CHUNK) if self._keep_hidden else self._capacity
+        for start in range(0, len(tokens), size):
             if stop is not None and stop():
                 raise Cancelled(f"stopped after {start} of {len(tokens)} prompt tokens")
-            chunk = tokens[start : start + self._capacity]
-            self._fill_chain(chunk, self.n_past, want_logits=False)
+            chunk = tokens[start : start + size]
+            self._fill_chain(chunk, self.n_past, want_logits=self._keep_hidden)  # embeddings: every row an output
             row = len(chunk) - 1
             if last_logits and start + len(chunk) == len(tokens):
                 self._out[row] = 1
             self._decode(len(chunk))
+            if self._keep_hidden:
+                self._store_states(self.n_past, self._read_hidden(len(chunk)))
             self._tokens.extend(chunk)
         return row
 
@@ -247,6 +310,7 @@ class LlamaTarget:
             paths = None
         else:
             paths = self._fill_tree(root, proposal)
+        self._use_embeddings(self._keep_hidden)
         try:
             self._decode(n)
         except BackendError:
@@ -257,8 +321,10 @@ class LlamaTarget:
         self._pending = (root, list(proposal.tokens), paths)
         logits = np.ctypeslib.as_array(llama().llama_get_logits(self.ctx), shape=(n, self.n_vocab))  # [1 + n, vocab]
         logits.flags.writeable = False
+        hidden = self._read_hidden(n).copy() if self._keep_hidden else None  # [1 + n, hidden_size], small
+        self._last_hidden = hidden
         decodes = self._decodes
-        return TargetOutput(logits=logits, seconds=time.perf_counter() - start,
+        return TargetOutput(logits=logits, hidden=hidden, seconds=time.perf_counter() - start,
                             fresh=lambda: self._decodes == decodes)
 
     def commit(self, verdict: Verdict) -> None:
@@ -282,6 +348,9 @@ class LlamaTarget:
             if seq != 0:
                 lib.llama_memory_seq_cp(self.mem, seq, 0, -1, -1)
                 removed = lib.llama_memory_seq_rm(self.mem, seq, -1, -1) and removed
+        if self._last_hidden is not None:
+            self._store_states(base, self._last_hidden[[0, *(i + 1 for i in verdict.path)]])
+            self._last_hidden = None
         self._tokens.append(root)
         self._tokens.extend(tokens[i] for i in verdict.path)
         if not (removed and self._holds(keep)):

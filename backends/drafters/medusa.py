@@ -1,0 +1,148 @@
+"""``medusa``: Medusa-1 heads trained for this model guess the next few tokens from its last state.
+
+After each verify the target's hidden state of the last accepted token is known (``HIDDEN_STATES``).
+The target's own output layer turned it into the bonus token, the new root; head ``k`` reads the
+same state and ranks the tokens ``k`` places further on (``backends.heads.medusa``). The heads do
+not see each other's guesses, so a path's chance is estimated as the product of its tokens'
+head probabilities, and the candidate tree is built best first: a node at depth ``k`` may take
+any of head ``k + 1``'s top ``width`` tokens as a child. How many of the ranked nodes to verify is
+the ``TreeSizer``'s call (measured verify costs against the predicted gain, calibrated by what
+the target accepted); with ``width = 1`` the tree is a chain and needs no tree verify.
+
+Running the heads costs about a tenth of a SmolLM2-135M forward on a CPU (1.3 ms: the four heads'
+rows of the draft vocabulary), which is all loss where drafting does not pay: after every
+``MISSES_PER_BACKOFF`` steps in a row that drafted nothing the heads rest for twice as many
+steps as before (up to ``MAX_REST``), and the first draft resets that, as ``rest`` does with its
+lookups.
+
+Lossless: every guess is a deterministic proposal (one-hot ``q``), checked by SpecDeck's
+acceptance rules; greedy output is plain decoding's, sampling keeps the target's distribution.
+Medusa's "typical acceptance" would accept guesses the target only finds plausible and change
+the output, so it is not offered.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from backends.core.controller import TreeLedger, TreeSizer
+from backends.core.costs import CostModel
+from backends.core.errors import SpecDeckError
+from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.drafters.rest import RankedTree
+from backends.heads.medusa import MedusaHeads
+
+MISSES_PER_BACKOFF = 4
+MAX_REST = 15
+
+
+@dataclass(frozen=True)
+class MedusaSettings:
+    head: str = ""  # a head file (.json) from `specdeck train medusa`; empty: the one found for the model
+    width: int = 3  # candidates per head (1: a chain)
+    max_nodes: int = 24  # most tree nodes verified in one step
+    adaptive: bool = True  # False: always verify max_nodes nodes
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.width <= 16:
+            raise ValueError(f"width must be in 1..16, got {self.width}")
+        if not 1 <= self.max_nodes <= 64:
+            raise ValueError(f"max_nodes must be in 1..64, got {self.max_nodes}")
+
+
+def rank_medusa(ids: np.ndarray, probs: np.ndarray, *, max_nodes: int, max_depth: int) -> RankedTree:
+    """The ``max_nodes`` likeliest nodes of the tree whose depth-``k`` nodes take head ``k``'s
+    candidates (``ids``/``probs`` [K, width]), best first; a child's chance is its parent's times
+    its own, so best-first order puts every parent before its children.
+
+    Example: head 1 offers ``a`` (0.6) and ``b`` (0.3), head 2 ``c`` (0.5): ``a`` 0.6, ``a c``
+    0.3, ``b`` 0.3, ``b c`` 0.15.
+    """
+    depth_limit = min(max_depth, len(ids))
+    tokens: list[int] = []
+    parents: list[int] = []
+    chances: list[float] = []
+    heap = [(-float(p), 0, j, -1) for j, p in enumerate(probs[0])] if depth_limit > 0 else []
+    heapq.heapify(heap)
+    while heap and len(tokens) < max_nodes:
+        neg, depth, j, parent = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(int(ids[depth, j]))
+        parents.append(parent)
+        chances.append(-neg)
+        if depth + 1 < depth_limit:
+            for c, p in enumerate(probs[depth + 1]):
+                heapq.heappush(heap, (neg * float(p), depth + 1, c, node))
+    return RankedTree(np.array(tokens, dtype=np.int32), np.array(parents, dtype=np.int32),
+                      np.array(chances, dtype=np.float64))
+
+
+class MedusaDrafter:
+    """Drafts from the heads; keeps the last accepted state between steps."""
+
+    def __init__(self, heads: MedusaHeads, settings: MedusaSettings | None = None, *,
+                 costs: CostModel | None = None, sizer: TreeSizer | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.heads = heads
+        self.settings = settings or MedusaSettings()
+        self.requires = frozenset({HIDDEN_STATES, ROLLBACK} | ({TREE} if self.settings.width > 1 else set()))
+        costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
+        self.sizer = sizer or TreeSizer(costs, max_nodes=self.settings.max_nodes, prior=0.8)
+        self.clock = clock
+        self.head_seconds = 0.0  # time the heads took, over the answer
+        self.begin([])
+
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
+        if hidden is not None and hidden.ndim == 2 and hidden.shape[1] != self.heads.d:
+            raise SpecDeckError(f"the head reads {self.heads.d}-wide hidden states, the model gives {hidden.shape[1]}")
+        self._state = hidden[-1] if hidden is not None and len(hidden) else None  # [d]: the root's parent's
+        self._ledger = TreeLedger()
+        self._predicted = 0.0
+        self._context_len = len(prompt)
+        self.head_seconds = 0.0
+        self._misses = 0  # steps in a row whose tree did not pay
+        self._rest = 0  # steps left without running the heads
+
+    def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
+        self._context_len = len(context)
+        self._predicted = 0.0
+        for predicted, matched, bucket in self._ledger.resolve(context):
+            self.sizer.update(predicted, matched, bucket)
+        if self._state is None or budget.max_nodes <= 0 or budget.max_depth <= 0:
+            return EMPTY_PROPOSAL
+        if self._rest > 0:
+            self._rest -= 1
+            return EMPTY_PROPOSAL
+        start = self.clock()
+        s = self.settings
+        ids, probs = self.heads.top(self._state, s.width)
+        limit = min(s.max_nodes, budget.max_nodes)
+        tree = rank_medusa(ids, probs, max_nodes=limit, max_depth=budget.max_depth).within_paths(budget.max_paths)
+        self.head_seconds += self.clock() - start
+        n = self.sizer.choose(tree.probs, context=len(context)) if s.adaptive else len(tree.tokens)
+        if n == 0:
+            self._ledger.add(len(context), tree.tokens.tolist(), tree.parents.tolist(), float(tree.probs.sum()))
+            self._misses += 1
+            self._rest = min((1 << (self._misses // MISSES_PER_BACKOFF)) - 1, MAX_REST)
+            return EMPTY_PROPOSAL
+        self._misses = 0
+        self._predicted = float(tree.probs[:n].sum())
+        return tree.proposal(n)
+
+    def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        if verdict.drafted:
+            self.sizer.update(self._predicted, verdict.accepted)
+        if out.hidden is None:
+            raise SpecDeckError("the target returned no hidden states: Medusa heads cannot draft without them")
+        self._state = out.hidden[verdict.path[-1] + 1 if verdict.path else 0]
+
+    def skipped(self, tokens: Sequence[int]) -> None:
+        """Not asked this step: the state of the last accepted token is unknown until the next
+        verify, so the next proposal waits for it."""
+        self._state = None

@@ -1,0 +1,331 @@
+"""Training a Medusa head with torch on recorded samples (``backends.heads.record``).
+
+Only this module needs torch (the ``train`` extra); running a trained head needs numpy alone.
+
+Data. Every answer position ``t`` (from the prompt's last token on) gives one example: its
+hidden state, and the tokens ``t + 2 .. t + 1 + K`` the heads must predict. One answer in twenty
+(chosen by index) is held out to measure top-1 agreement per head, which is what acceptance
+follows. The draft vocabulary is the ``V'`` tokens the answers use most, plus the end tokens.
+
+Loss. Cross-entropy per head over the draft vocabulary, head ``k`` weighted ``0.8 ** (k - 1)``
+as in Medusa-1 (far heads are wrong more often and matter less: a guess is only worth something
+after all guesses before it were right); targets outside the draft vocabulary are skipped.
+
+Reproducible and resumable. The example order of each epoch is a permutation drawn from
+``seed`` and the epoch number, and a checkpoint (weights, AdamW moments, step, every
+``CHECKPOINT_S`` seconds and at the end, safetensors like everything else) lets a killed run go on
+from where it was: the same seed and step count give the same head, interrupted or not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from backends.core.errors import SpecDeckError
+from backends.heads.files import HeadFile, ModelFingerprint
+from backends.heads.medusa import KIND
+from backends.heads.record import Sample
+from backends.models.paths import write_atomic
+
+CHECKPOINT_S = 30.0
+HOLDOUT_EVERY = 20  # one conversation in 20 is held out (the last one, if there are fewer)
+
+
+def torch_or_error():
+    try:
+        import torch
+    except ImportError:
+        raise SpecDeckError("training a head needs torch: pip install 'specdeck[train]' "
+                            "(or pip install torch==2.13.0)") from None
+    return torch
+
+
+@dataclass(frozen=True)
+class MedusaTrainConfig:
+    n_heads: int = 4
+    draft_vocab: int = 4096
+    lr: float = 1e-3
+    batch: int = 256
+    weight_decay: float = 0.0
+    decay: float = 0.8  # loss weight of head k: decay ** (k - 1)
+    seed: int = 0
+    train_lm: bool = False  # also train the output layer (over-fits the few answers a PC records in minutes)
+    eval_every: int = 250  # steps between held-out evaluations; the best evaluated head is the one kept
+    max_epochs: float = 8.0  # at most this many passes over the examples
+
+
+@dataclass
+class Examples:
+    states: np.ndarray  # [N, d] float16
+    targets: np.ndarray  # [N, K] int64 draft-vocabulary ids, -1 where none
+    held_out: np.ndarray  # [N] bool
+
+
+def draft_vocabulary(samples: Sequence[Sample], size: int, always: Sequence[int], n_vocab: int) -> np.ndarray:
+    """The ``size`` tokens most used in the answers (ties by id), ``always`` included; sorted ids."""
+    counts = np.zeros(n_vocab, dtype=np.int64)
+    for s in samples:
+        np.add.at(counts, s.tokens[s.n_prompt:], 1)
+    forced = [t for t in always if 0 <= t < n_vocab]
+    counts[forced] = counts.max() + 1
+    order = np.lexsort((np.arange(n_vocab), -counts))
+    chosen = order[: min(size, n_vocab)]
+    return np.sort(chosen).astype(np.int64)
+
+
+def held_out(numbers: Sequence[int], group: Callable[[int], int]) -> set[int]:
+    """The sample numbers held out: whole conversations (``group``), one in ``HOLDOUT_EVERY``, or
+    the last conversation when there are fewer, so agreement is never measured on training data."""
+    groups = sorted({group(n) for n in numbers})
+    chosen = {g for g in groups if g % HOLDOUT_EVERY == HOLDOUT_EVERY - 1} or set(groups[-1:])
+    if len(chosen) == len(groups):
+        return set()
+    return {n for n in numbers if group(n) in chosen}
+
+
+def medusa_examples(samples: Sequence[tuple[int, Sample]], vocab: np.ndarray, n_heads: int, n_vocab: int,
+                    group: Callable[[int], int] = lambda n: n) -> Examples:
+    """One example per answer position: its state and the K tokens after the next one; ``group``
+    maps a sample's number to its conversation (held out together)."""
+    test = held_out([n for n, _ in samples], group)
+    index = np.full(n_vocab, -1, dtype=np.int64)
+    index[vocab] = np.arange(len(vocab))
+    states, targets, held = [], [], []
+    for number, s in samples:
+        start, n = s.n_prompt - 1, len(s.tokens) - 1  # positions whose state is kept, answer part
+        if n <= start:
+            continue
+        positions = np.arange(start, n)
+        tgt = np.full((len(positions), n_heads), -1, dtype=np.int64)
+        for k in range(1, n_heads + 1):
+            ahead = positions + 1 + k
+            ok = ahead < len(s.tokens)
+            tgt[ok, k - 1] = index[s.tokens[ahead[ok]]]
+        states.append(s.states[positions])
+        targets.append(tgt)
+        held.append(np.full(len(positions), number in test))
+    if not states:
+        raise SpecDeckError("the recorded answers are empty: nothing to train on")
+    return Examples(np.concatenate(states), np.concatenate(targets), np.concatenate(held))
+
+
+def _module(torch, k: int, d: int, lm_init: np.ndarray, train_lm: bool):
+    nn = torch.nn
+
+    class Medusa(nn.Module):
+        """Residual blocks start at zero, so every head starts as the target's next-token guess.
+        The output layer is the target's own rows over the draft vocabulary, frozen by default."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(k, d, d))
+            self.b = nn.Parameter(torch.zeros(k, d))
+            lm = torch.from_numpy(lm_init.astype(np.float32))
+            if train_lm:
+                self.lm = nn.Parameter(lm)
+            else:
+                self.register_buffer("lm", lm)
+
+        def forward(self, x):  # [N, d] -> [N, K, V']
+            z = torch.einsum("kij,nj->nki", self.w, x) + self.b
+            h = x[:, None, :] + torch.nn.functional.silu(z)
+            return h @ self.lm.T
+
+    return Medusa()
+
+
+@dataclass
+class Progress:
+    step: int
+    steps: int
+    loss: float
+    agreement: list[float] = field(default_factory=list)  # held-out top-1 per head
+    seconds: float = 0.0
+    eta: float = 0.0
+
+
+class MedusaTrainer:
+    """Trains, checkpoints, resumes and exports one Medusa head."""
+
+    def __init__(self, examples: Examples, vocab: np.ndarray, lm_init: np.ndarray, target: ModelFingerprint,
+                 config: MedusaTrainConfig, checkpoint: Path) -> None:
+        torch = self.torch = torch_or_error()
+        torch.manual_seed(config.seed)
+        self.examples, self.vocab, self.target, self.config = examples, vocab, target, config
+        self.checkpoint = checkpoint
+        d = examples.states.shape[1]
+        self.model = _module(torch, config.n_heads, d, lm_init, config.train_lm)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.train_rows = np.flatnonzero(~examples.held_out)
+        self.test_rows = np.flatnonzero(examples.held_out)[:4096]
+        self.step = 0
+        self.steps = 0
+        self.best: tuple[float, int, dict] | None = None  # (score, step, weights) of the best evaluation
+        self.weights = torch.tensor([config.decay ** k for k in range(config.n_heads)])
+        self._resume()
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _resume(self) -> None:
+        meta = self.checkpoint.with_suffix(".json")
+        if not meta.exists():
+            return
+        from safetensors.torch import load_file
+
+        info = json.loads(meta.read_text())
+        if info.get("config") != self.config.__dict__ or info.get("examples") != len(self.examples.states):
+            return  # another run's checkpoint: start over
+        tensors = load_file(str(self.checkpoint))
+        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        state = self.opt.state_dict()
+        for i, p in enumerate(self.opt.param_groups[0]["params"]):
+            state["state"][i] = {"step": tensors[f"opt.{i}.step"], "exp_avg": tensors[f"opt.{i}.exp_avg"],
+                                 "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"]}
+        self.opt.load_state_dict(state)
+        self.step, self.steps = int(info["step"]), int(info["steps"])
+        best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
+        if best:
+            self.best = (float(info["best_score"]), int(info["best_step"]), best)
+
+    def save_checkpoint(self) -> None:
+        from safetensors.torch import save_file
+
+        tensors = {f"model.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()}
+        if self.best is not None:
+            tensors.update({f"best.{k}": v.contiguous() for k, v in self.best[2].items()})
+        for i, p in enumerate(self.opt.param_groups[0]["params"]):
+            st = self.opt.state.get(p)
+            if st:
+                tensors[f"opt.{i}.step"] = st["step"].reshape(()) if hasattr(st["step"], "reshape") else self.torch.tensor(float(st["step"]))
+                tensors[f"opt.{i}.exp_avg"] = st["exp_avg"].contiguous()
+                tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
+        save_file(tensors, str(tmp))
+        tmp.replace(self.checkpoint)
+        write_atomic(self.checkpoint.with_suffix(".json"), json.dumps(
+            {"config": self.config.__dict__, "examples": len(self.examples.states), "step": self.step,
+             "steps": self.steps, "best_score": self.best[0] if self.best else None,
+             "best_step": self.best[1] if self.best else None}) + "\n")
+
+    # -- training ------------------------------------------------------------------------------
+    def _batch(self, step: int) -> np.ndarray:
+        """The rows of ``step``: epochs are seeded permutations, so any step's batch is fixed."""
+        per_epoch = max(1, len(self.train_rows) // self.config.batch)
+        epoch, i = divmod(step, per_epoch)
+        order = np.random.default_rng((self.config.seed, epoch)).permutation(len(self.train_rows))
+        return self.train_rows[order[i * self.config.batch : (i + 1) * self.config.batch]]
+
+    def _loss(self, rows: np.ndarray):
+        torch = self.torch
+        x = torch.from_numpy(self.examples.states[rows].astype(np.float32))
+        y = torch.from_numpy(self.examples.targets[rows])
+        logits = self.model(x)  # [N, K, V']
+        per_head = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                     ignore_index=-1, reduction="none").reshape(y.shape)
+        mask = (y >= 0).float()
+        per_head = (per_head * mask).sum(0) / mask.sum(0).clamp(min=1)
+        return (per_head * self.weights).sum() / self.weights.sum()
+
+    def agreement(self) -> list[float]:
+        """Held-out top-1 agreement of each head with what the model wrote."""
+        torch = self.torch
+        rows = self.test_rows if len(self.test_rows) else self.train_rows[:2048]
+        with torch.no_grad():
+            logits = self.model(torch.from_numpy(self.examples.states[rows].astype(np.float32)))
+        guess = logits.argmax(-1).numpy()
+        y = self.examples.targets[rows]
+        return [float((guess[y[:, k] >= 0, k] == y[y[:, k] >= 0, k]).mean()) if (y[:, k] >= 0).any() else 0.0
+                for k in range(y.shape[1])]
+
+    def max_steps(self) -> int:
+        """``max_epochs`` passes over the training examples: past that a head only memorizes."""
+        return max(1, int(self.config.max_epochs * len(self.train_rows) / self.config.batch))
+
+    @staticmethod
+    def score(agreement: Sequence[float]) -> float:
+        """Tokens a chain of the heads' top guesses would have accepted per step, if heads erred
+        independently: a1 + a1 a2 + a1 a2 a3 + ... (what acceptance follows)."""
+        total, run = 0.0, 1.0
+        for a in agreement:
+            run *= a
+            total += run
+        return total
+
+    def _evaluate(self) -> list[float]:
+        """Held-out agreement now; the best state so far is kept for export."""
+        agreement = self.agreement()
+        score = self.score(agreement)
+        if self.best is None or score > self.best[0]:
+            self.best = (score, self.step, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        return agreement
+
+    def measure_step(self) -> float:
+        """Seconds one step takes here (on a scratch copy: training itself is not touched)."""
+        torch = self.torch
+        rows = self.train_rows[: self.config.batch]
+        start = time.perf_counter()
+        for _ in range(3):
+            loss = self._loss(rows)
+            grads = torch.autograd.grad(loss, list(self.model.parameters()))
+            del grads
+        return (time.perf_counter() - start) / 3
+
+    def run(self, steps: int, report: Callable[[Progress], None] | None = None,
+            stop: Callable[[], bool] | None = None) -> Progress:
+        """Train to ``steps`` in all (a resumed run keeps the step count it started with)."""
+        if self.steps == 0:
+            self.steps = min(steps, self.max_steps())
+        torch = self.torch
+        start = last_save = last_report = time.perf_counter()
+        first = self.step
+        loss_avg = math.nan
+        self.model.train()
+        while self.step < self.steps:
+            if stop is not None and stop():
+                break
+            loss = self._loss(self._batch(self.step))
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+            self.step += 1
+            agreement = self._evaluate() if self.step % self.config.eval_every == 0 or self.step == self.steps else []
+            value = loss.item()
+            loss_avg = value if math.isnan(loss_avg) else 0.95 * loss_avg + 0.05 * value
+            now = time.perf_counter()
+            if now - last_save > CHECKPOINT_S:
+                self.save_checkpoint()
+                last_save = now
+            if report is not None and (now - last_report > 2.0 or agreement or self.step == self.steps):
+                done = self.step - first
+                eta = (now - start) / done * (self.steps - self.step) if done else 0.0
+                report(Progress(self.step, self.steps, loss_avg, agreement, now - start, eta))
+                last_report = now
+        self.save_checkpoint()
+        return Progress(self.step, self.steps, loss_avg, self.best_agreement(), time.perf_counter() - start, 0.0)
+
+    def best_agreement(self) -> list[float]:
+        """Held-out agreement of the head that ``export`` writes."""
+        if self.best is None:
+            return self.agreement()
+        current = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(self.best[2])
+        agreement = self.agreement()
+        self.model.load_state_dict(current)
+        return agreement
+
+    def export(self, training: dict) -> HeadFile:
+        """The best evaluated head (the last state if none was evaluated) as a head file."""
+        state = self.best[2] if self.best is not None else self.model.state_dict()
+        tensors = {"blocks.w": state["w"].detach().numpy().astype(np.float16),
+                   "blocks.b": state["b"].detach().numpy().astype(np.float16),
+                   "lm.weight": state["lm"].detach().numpy().astype(np.float16), "vocab": self.vocab.astype(np.int64)}
+        training = dict(training, best_step=self.best[1] if self.best else self.step)
+        config = {"n_heads": self.config.n_heads, "d_model": int(state["w"].shape[1]), "draft_vocab": len(self.vocab)}
+        return HeadFile(KIND, config, self.target, tensors, training)

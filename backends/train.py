@@ -1,0 +1,232 @@
+"""``specdeck train medusa``: a head for the user's own model, made on the user's own PC.
+
+Two phases, both resumable (run the same command again after Ctrl+C or a crash):
+
+1. Record. The model answers prompts itself, greedy, and its hidden states are kept
+   (``backends.heads.record``), one file per answer under the cache folder; a rerun skips the
+   answers already there. Prompts: Spec-Bench questions a ``specdeck bench`` does not evaluate
+   (``spec-bench``, 60 per category at most), or a JSONL file of ``{"turns": [...]}``,
+   ``{"prompt": ...}`` or ``{"messages": [...]}`` lines. Every turn of a conversation is answered
+   with the model's own earlier answers, the way a chat goes.
+2. Train (``backends.heads.training``): the step count is fixed when training starts, from
+   the time left and a measured step, and kept by a resumed run.
+
+``--minutes`` is the whole budget; recording gets ``record_share`` of it. The head is written
+next to the user's other heads (``files.head_stem``), where sessions find it for that model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+import numpy as np
+
+from backends.core.errors import SpecDeckError
+from backends.core.types import Finished, GenerationSettings, SamplingSettings
+from backends.heads.files import ModelFingerprint, head_stem
+from backends.heads.record import Recorder, SampleStore
+from backends.models.paths import cache_dir
+
+SPEC_BENCH_PER_CATEGORY = 60
+TURNS = 16  # sample number = conversation * TURNS + turn
+EVALUATED_PER_CATEGORY = 20  # never train on what `specdeck bench --per-category 20` or fewer evaluates
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    kind: str
+    model: str
+    data: str = "spec-bench"
+    minutes: float = 30.0
+    record_share: float = 0.5
+    max_new_tokens: int = 256
+    prompts: int | None = None  # at most this many prompts (None: as many as the time allows)
+    steps: int | None = None  # training steps (None: as many as the time allows)
+    seed: int = 0
+    out: Path | None = None
+    n_threads: int | None = None
+
+
+def conversations(data: str) -> list[list[str]]:
+    """The user turns of each conversation of a data source."""
+    if data == "spec-bench":
+        from backends.bench import default_prompts, held_out_prompts
+
+        return [list(p.turns) for p in held_out_prompts(default_prompts(), per_category=SPEC_BENCH_PER_CATEGORY,
+                                                          exclude_per_category=EVALUATED_PER_CATEGORY)]
+    path = Path(data).expanduser()
+    if not path.is_file():
+        raise SpecDeckError(f"--data takes spec-bench or a JSONL file; {data} is neither")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if "turns" in row:
+                turns = [str(t) for t in row["turns"]]
+            elif "prompt" in row:
+                turns = [str(row["prompt"])]
+            else:
+                turns = [str(m["content"]) for m in row["messages"] if m.get("role") == "user"]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise SpecDeckError(f"{path}:{n}: expected {{'turns': [...]}}, {{'prompt': ...}} or "
+                                f"{{'messages': [...]}} ({exc})") from None
+        if turns:
+            out.append(turns)
+    if not out:
+        raise SpecDeckError(f"{path} holds no prompts")
+    return out
+
+
+def data_folder(fingerprint: ModelFingerprint, data: str, max_new_tokens: int) -> Path:
+    tag = "spec-bench" if data == "spec-bench" else Path(data).stem
+    return cache_dir() / "train" / f"{fingerprint.vocab_digest}-{fingerprint.file_type}" / f"{tag}-{max_new_tokens}"
+
+
+def record(session, turns: list[list[str]], store: SampleStore, *, max_new_tokens: int, deadline: float,
+           limit: int | None, report: Callable[[dict], None]) -> int:
+    """Answer conversations in order until ``deadline``; returns how many are recorded in all."""
+    from backends.core.engine import generate
+
+    gen = GenerationSettings(max_new_tokens=max_new_tokens, sampling=SamplingSettings())
+    total = len(turns) if limit is None else min(limit, len(turns))
+    tokens_done, start = 0, time.perf_counter()
+    for i in range(total):
+        if store.has(i * TURNS):
+            continue
+        if time.time() > deadline:
+            break
+        messages = []
+        for t, text in enumerate(turns[i][:TURNS]):
+            messages.append({"role": "user", "content": text})
+            prompt = session.model.chat_prompt(messages)
+            if len(prompt) + max_new_tokens >= session.target.n_ctx:
+                break
+            recorder = Recorder()
+            finished = None
+            for event in generate(session.target, recorder, prompt, gen):
+                if isinstance(event, Finished):
+                    finished = event
+            answer = finished.tokens if finished else ()
+            store.put(i * TURNS + t, recorder.sample(prompt, answer))
+            tokens_done += len(answer)
+            messages.append({"role": "assistant", "content": finished.text if finished else ""})
+        report({"phase": "record", "done": i + 1, "total": total,
+                "tokens_per_s": tokens_done / max(time.perf_counter() - start, 1e-9),
+                "eta_s": max(0.0, deadline - time.time())})
+    return len({n // TURNS for n in store.indices()})
+
+
+def output_rows(model_path: Path, rows: np.ndarray) -> np.ndarray:
+    """The target's output-layer rows for token ids ``rows`` ([len(rows), d] float32), read with the
+    gguf library (``output.weight``, or the tied token embeddings)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(model_path))
+    by_name = {t.name: t for t in reader.tensors}
+    tensor = by_name.get("output.weight") or by_name.get("token_embd.weight")
+    if tensor is None:
+        raise SpecDeckError(f"{model_path.name} has neither output.weight nor token_embd.weight")
+    # quantized rows are stored whole (a row is a run of blocks), so pick the rows, then dequantize
+    return np.asarray(gguf.quants.dequantize(tensor.data[rows], tensor.tensor_type), dtype=np.float32)  # [rows, d]
+
+
+def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: None,
+          stop: Callable[[], bool] | None = None) -> Path:
+    """Record, train, export; returns the head's .json path. ``report`` sees progress events:
+    ``{"phase": "record", "done", "total", "tokens_per_s", "eta_s"}``, ``{"phase": "data",
+    "positions", "held_out", "conversations"}``, ``{"phase": "train", "step", "steps", "loss",
+    "agreement" (may be empty), "eta_s"}`` and ``{"phase": "done", "head", "agreement"}``."""
+    if req.kind != "medusa":
+        raise SpecDeckError(f"specdeck can train medusa heads so far, not {req.kind!r}")
+    from backends.factory import Session, SessionConfig
+    from backends.heads.training import MedusaTrainConfig, MedusaTrainer, draft_vocabulary, medusa_examples, torch_or_error
+
+    torch_or_error()  # before an hour of recording, not after
+    started = time.time()
+    turns = conversations(req.data)
+    with Session(SessionConfig(model=req.model, n_threads=req.n_threads)) as session:
+        path = Path(session.model.path)
+        fingerprint = ModelFingerprint.of(path)
+        folder = data_folder(fingerprint, req.data, req.max_new_tokens)
+        store = SampleStore(folder, {"model": fingerprint.describe(), "data": req.data,
+                                     "max_new_tokens": req.max_new_tokens})
+        done = record(session, turns, store, max_new_tokens=req.max_new_tokens,
+                      deadline=started + req.minutes * 60 * req.record_share, limit=req.prompts, report=report)
+        eog = sorted(session.model.eog_ids)
+        n_vocab = session.model.n_vocab
+    samples = list(store.samples())
+    config = MedusaTrainConfig(seed=req.seed)
+    vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
+    examples = medusa_examples(samples, vocab, config.n_heads, n_vocab, group=lambda n: n // TURNS)
+    report({"phase": "data", "positions": int(len(examples.states)), "held_out": int(examples.held_out.sum()),
+            "conversations": done})
+    trainer = MedusaTrainer(examples, vocab, output_rows(path, vocab), fingerprint, config,
+                            folder / f"medusa-seed{req.seed}.checkpoint.safetensors")
+    steps = req.steps
+    if steps is None:
+        left = started + req.minutes * 60 - time.time()
+        steps = max(1, int(left / trainer.measure_step()))
+
+    def progress(p) -> None:
+        report({"phase": "train", "step": p.step, "steps": p.steps, "loss": p.loss, "agreement": p.agreement,
+                "eta_s": p.eta})
+
+    result = trainer.run(steps, progress, stop)
+    if result.step < trainer.steps:
+        raise SpecDeckError(f"training stopped at step {result.step} of {trainer.steps}; run the same command "
+                            "again to go on")
+    head = trainer.export({"data": req.data, "conversations": done, "positions": int(len(examples.states)),
+                           "steps": trainer.steps, "seed": req.seed, "minutes": req.minutes,
+                           "agreement": [round(a, 4) for a in result.agreement],
+                           "command": command_line(req)})
+    saved = head.save(req.out or head_stem(path, "medusa"))
+    report({"phase": "done", "head": str(saved), "agreement": result.agreement})
+    return saved
+
+
+def command_line(req: TrainRequest) -> str:
+    """The ``specdeck train`` command that makes this head (kept in its config)."""
+    words = [f"specdeck train {req.kind} --model {req.model} --data {req.data} --minutes {req.minutes:g}"]
+    for flag, value in (("--prompts", req.prompts), ("--steps", req.steps), ("--seed", req.seed)):
+        if value is not None:
+            words.append(f"{flag} {value}")
+    if req.max_new_tokens != TrainRequest.max_new_tokens:
+        words.append(f"--max-new-tokens {req.max_new_tokens}")
+    return " ".join(words)
+
+
+def text_report(out: TextIO = sys.stderr) -> Callable[[dict], None]:
+    """Progress events as one updating terminal line per phase."""
+    def show(event: dict) -> None:
+        phase = event["phase"]
+        if phase == "record":
+            line = (f"recording: {event['done']} of {event['total']} conversations, {event['tokens_per_s']:.0f} "
+                    f"tokens/s, {event['eta_s'] / 60:.1f} min left for recording")
+        elif phase == "data":
+            line = (f"\ntraining on {event['positions']:,} positions of {event['conversations']} conversations "
+                    f"({event['held_out']:,} held out)\n")
+        elif phase == "train":
+            agree = " ".join(f"{a:.2f}" for a in event["agreement"])
+            line = (f"training: step {event['step']}/{event['steps']}, loss {event['loss']:.3f}, "
+                    f"ETA {event['eta_s'] / 60:.1f} min" + (f", held-out agreement per head {agree}" if agree else ""))
+        else:
+            line = (f"\n{event['head']}: held-out top-1 agreement per head "
+                    f"{' '.join(f'{a:.3f}' for a in event['agreement'])}\n")
+        print(f"\r{line}\033[K", end="", file=out, flush=True)
+
+    return show
+
+
+def json_report(out: TextIO = sys.stdout) -> Callable[[dict], None]:
+    """Progress events as JSON lines (what the window's train dialog reads)."""
+    def emit(event: dict) -> None:
+        print(json.dumps(event), file=out, flush=True)
+
+    return emit

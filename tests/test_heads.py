@@ -1,0 +1,222 @@
+"""Trained heads: hidden states from the targets, head files, the Medusa drafter, training.
+
+The oracle tier checks losslessness exactly (a head trained on the oracle, chains and trees, with a
+repetition penalty, many seeds); the real tier checks llama.cpp's hidden states and a head
+trained on the real model against plain decoding, divergences only at measured near-ties.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from backends.core.engine import generate
+from backends.core.errors import BackendError, ModelFileError
+from backends.core.types import HIDDEN_STATES, Finished, GenerationSettings, Proposal, SamplingSettings, Verdict
+from backends.drafters.medusa import MedusaDrafter, MedusaSettings, rank_medusa
+from backends.heads.files import HeadFile, HeadMismatchError, ModelFingerprint
+from backends.heads.medusa import MedusaHeads
+from backends.heads.record import Recorder, Sample
+from tests.oracle import OracleTarget
+from tests.test_engine import COSTS, plain_greedy
+
+VOCAB, WIDE = 32, 24
+FAKE_MODEL = ModelFingerprint("oracle", "oracle", "F32", 1, WIDE, VOCAB, "0" * 16)
+
+
+def record_oracle(oracle: OracleTarget, prompts: list[list[int]], n: int) -> list[tuple[int, Sample]]:
+    samples = []
+    for i, prompt in enumerate(prompts):
+        recorder = Recorder()
+        events = list(generate(oracle, recorder, prompt, GenerationSettings(max_new_tokens=n)))
+        samples.append((i, recorder.sample(prompt, events[-1].tokens)))
+    return samples
+
+
+@pytest.fixture(scope="module")
+def oracle_head(tmp_path_factory) -> HeadFile:
+    """A Medusa head trained with torch on the oracle's own answers (the real training code)."""
+    pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
+    from backends.heads.training import MedusaTrainConfig, MedusaTrainer, draft_vocabulary, medusa_examples
+
+    oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
+    rng = np.random.default_rng(0)
+    samples = record_oracle(oracle, [rng.integers(0, VOCAB, size=12).tolist() for _ in range(60)], 40)
+    config = MedusaTrainConfig(n_heads=3, draft_vocab=VOCAB, lr=3e-2, batch=128, train_lm=True, max_epochs=50, eval_every=50)
+    vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
+    examples = medusa_examples(samples, vocab, config.n_heads, VOCAB)
+    trainer = MedusaTrainer(examples, vocab, rng.normal(size=(VOCAB, WIDE)).astype(np.float32) * 0.1, FAKE_MODEL,
+                            config, tmp_path_factory.mktemp("ckpt") / "m.safetensors")
+    result = trainer.run(300)
+    assert result.agreement[0] > 3 / VOCAB, f"head 1 learned nothing: {result.agreement}"
+    return trainer.export({"test": True})
+
+
+def oracle_prompt(seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, VOCAB, size=int(rng.integers(3, 30))).tolist()
+
+
+@pytest.mark.parametrize("width", [1, 3], ids=["chain", "tree"])
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_medusa_greedy_equals_plain_greedy_on_the_oracle(oracle_head, width, penalty):
+    heads = MedusaHeads(oracle_head)
+    sampling = SamplingSettings(repeat_penalty=penalty)
+    settings = GenerationSettings(max_new_tokens=48, sampling=sampling)
+    accepted = 0
+    for seed in range(12):
+        oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
+        prompt = oracle_prompt(100 + seed)
+        drafter = MedusaDrafter(heads, MedusaSettings(width=width, max_nodes=12, adaptive=False), costs=COSTS)
+        events = list(generate(oracle, drafter, prompt, settings, method="medusa"))
+        finished = events[-1]
+        assert list(finished.tokens) == plain_greedy(oracle, prompt, 48, sampling), f"seed {seed} diverged"
+        assert finished.stats.forwards == oracle.verify_calls
+        accepted += finished.stats.accepted
+    assert accepted > 48, f"the trained head had only {accepted} guesses accepted over 12 answers"
+
+
+def test_medusa_sampling_is_reproducible_and_stays_in_the_vocabulary(oracle_head):
+    heads = MedusaHeads(oracle_head)
+    sampling = SamplingSettings(temperature=0.8, seed=3)
+    settings = GenerationSettings(max_new_tokens=32, sampling=sampling)
+    runs = []
+    for _ in range(2):
+        oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
+        drafter = MedusaDrafter(heads, MedusaSettings(width=2), costs=COSTS)
+        runs.append(list(generate(oracle, drafter, oracle_prompt(5), settings))[-1].tokens)
+    assert runs[0] == runs[1] and len(runs[0]) == 32
+
+
+def test_rank_medusa_puts_parents_first_and_multiplies_chances():
+    ids = np.array([[5, 6], [7, 8]])
+    probs = np.array([[0.6, 0.3], [0.5, 0.2]])
+    tree = rank_medusa(ids, probs, max_nodes=4, max_depth=4)
+    assert sorted(tree.probs.tolist(), reverse=True) == pytest.approx([0.6, 0.3, 0.3, 0.15])  # 5, 6, 5 7, 6 7
+    by_path = {(int(tree.tokens[tree.parents[i]]) if tree.parents[i] >= 0 else None, int(tree.tokens[i])): p
+               for i, p in enumerate(tree.probs)}
+    assert by_path[(None, 5)] == pytest.approx(0.6) and by_path[(5, 7)] == pytest.approx(0.3)
+    assert all(tree.parents[i] < i for i in range(len(tree.tokens)))
+    assert len(rank_medusa(ids, probs, max_nodes=10, max_depth=1).tokens) == 2
+
+
+def test_head_file_round_trip_and_bad_files(oracle_head, tmp_path):
+    saved = oracle_head.save(tmp_path / "o.medusa")
+    assert saved.name == "o.medusa.json" and (tmp_path / "o.medusa.safetensors").exists()
+    again = HeadFile.load(saved)
+    assert MedusaHeads(again).logits(np.ones(WIDE)).shape == (3, VOCAB)
+    (tmp_path / "o.medusa.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelFileError, match="cannot be read"):
+        HeadFile.load(saved)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ModelFileError, match="not a SpecDeck head"):
+        HeadFile.load(tmp_path / "bad.json")
+    wrong = HeadFile(oracle_head.kind, oracle_head.config, FAKE_MODEL, dict(oracle_head.tensors, **{"blocks.b": np.zeros((2, 2))}))
+    with pytest.raises(ModelFileError, match="blocks.b"):
+        MedusaHeads(wrong)
+
+
+def test_a_head_for_gemma_is_refused_on_smollm2_naming_both(smollm_q4_path, gemma_path, oracle_head, tmp_path):
+    gemma, smol = ModelFingerprint.of(gemma_path), ModelFingerprint.of(smollm_q4_path)
+    head = HeadFile("medusa", oracle_head.config, gemma, oracle_head.tensors)
+    with pytest.raises(HeadMismatchError) as err:
+        head.check_for(smol, "medusa")
+    assert gemma.name in str(err.value) and smol.name in str(err.value)
+    assert "specdeck train medusa" in str(err.value)
+    from backends.factory import Session, SessionConfig
+
+    path = head.save(tmp_path / "gemma.medusa")
+    with Session(SessionConfig(model=str(smollm_q4_path), heads=(str(path),), n_ctx=256)) as session:
+        with pytest.raises(HeadMismatchError, match=gemma.name):
+            session.drafter("medusa", SamplingSettings())
+
+
+def test_llama_target_hidden_states_match_one_token_forwards(smollm_q4_path):
+    from backends.llamacpp.model import LlamaModel
+    from backends.llamacpp.target import LlamaTarget
+
+    with LlamaModel(smollm_q4_path) as model:
+        tokens = model.tokenize("The quick brown fox jumps over the lazy dog, and then it")
+        whole = LlamaTarget(model, n_ctx=256)
+        assert HIDDEN_STATES in whole.offers
+        whole.prefill(tokens[:-1], hidden=True)
+        states = whole.hidden_states(0, len(tokens) - 1)  # [T - 1, d]
+        assert states.shape == (len(tokens) - 1, model.n_embd)
+        stepwise = LlamaTarget(model, n_ctx=256)
+        stepwise.prefill(tokens[:1], hidden=True)
+        rows = [stepwise.hidden_states(0, 1)[0]]
+        for token in tokens[1:-1]:
+            out = stepwise.verify(token, Proposal())
+            stepwise.commit(Verdict((), (0,), 0, 0))
+            rows.append(out.hidden[0])
+        scale = np.abs(states).max()
+        assert np.abs(np.stack(rows) - states).max() < 0.01 * scale  # batch rounding only
+        # a tree verify gives one state per node, and commit keeps the accepted ones
+        out = whole.verify(tokens[-1], Proposal((11, 12, 13), (-1, 0, -1)))
+        assert out.hidden.shape == (4, model.n_embd)
+        whole.commit(Verdict((2,), (13, 99), 3, 1))
+        kept = whole.hidden_states(0, whole.n_past)
+        assert np.allclose(kept[-1], out.hidden[3], atol=0.01 * scale)
+        # a later prompt that reuses the cache still has every state; without hidden, none
+        assert whole.prefill([*tokens, 13, 99], hidden=True) == len(tokens) + 1
+        assert whole.hidden_states(0, len(tokens) + 2).shape[0] == len(tokens) + 2
+        whole.prefill(tokens, hidden=False)
+        assert whole.verify(5, Proposal()).hidden is None
+        with pytest.raises(BackendError, match="not kept"):
+            whole.hidden_states(0, 3)
+        whole.close()
+        stepwise.close()
+
+
+def test_recorder_keeps_one_state_per_position_but_the_last(smollm_q4_path):
+    from backends.llamacpp.model import LlamaModel
+    from backends.llamacpp.target import LlamaTarget
+
+    with LlamaModel(smollm_q4_path) as model:
+        target = LlamaTarget(model, n_ctx=256)
+        prompt = model.chat_prompt([{"role": "user", "content": "Name three colours."}])
+        recorder = Recorder()
+        finished = list(generate(target, recorder, prompt, GenerationSettings(max_new_tokens=12)))[-1]
+        sample = recorder.sample(prompt, finished.tokens)
+        assert len(sample.tokens) == len(prompt) + len(finished.tokens)
+        assert sample.states.shape == (len(sample.tokens) - 1, model.n_embd)
+        target.close()
+
+
+def test_train_cli_records_trains_resumes_and_writes_a_head(smollm_q4_path, tmp_path, monkeypatch):
+    pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
+    from backends.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"turns": [t]}) for t in
+                                 ["Say hello.", "Count to five.", "Name a fruit.", "What is 2+2?"]) + "\n")
+    args = ["train", "medusa", "--model", str(smollm_q4_path), "--data", str(prompts), "--max-new-tokens", "24",
+            "--steps", "20", "--out", str(tmp_path / "h.medusa")]
+    assert main(args) == 0
+    head = HeadFile.load(tmp_path / "h.medusa.json")
+    head.check_for(ModelFingerprint.of(smollm_q4_path), "medusa")
+    assert 1 <= head.training["steps"] <= 20 and len(head.training["agreement"]) == 4  # capped at 8 epochs
+    first = MedusaHeads(head).lm_t.copy()
+    assert main(args) == 0  # everything recorded and trained already: the same head again
+    assert np.array_equal(MedusaHeads(HeadFile.load(tmp_path / "h.medusa.json")).lm_t, first)
+
+
+def test_the_fit_estimator_counts_the_head_and_the_kept_states(oracle_head, tmp_path, monkeypatch, smollm_q4_path):
+    from backends.drafters import method_spec
+    from backends.hardware.fit import method_extra, trained_head_bytes
+
+    spec = method_spec("medusa")
+    extra = method_extra(spec, 4096, hidden_size=576, heads_bytes=1000)
+    assert extra.heads_bytes == 1000
+    assert [t.bytes for t in extra.terms if "hidden states" in t.name] == [4096 * 576 * 2]
+    assert not [t for t in method_extra(method_spec("pld"), 4096, hidden_size=576).terms if "hidden" in t.name]
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr("backends.heads.files.SHIPPED", tmp_path / "none")
+    assert trained_head_bytes(spec, smollm_q4_path) == 0  # none trained yet
+    head = HeadFile("medusa", oracle_head.config, ModelFingerprint.of(smollm_q4_path), oracle_head.tensors)
+    head.save(tmp_path / "heads" / "smol.medusa")
+    assert trained_head_bytes(spec, smollm_q4_path) == 2 * (tmp_path / "heads" / "smol.medusa.safetensors").stat().st_size
