@@ -28,7 +28,7 @@ from backends.core.noise import BatchNoise, measure_batch_noise
 from backends.core.protocols import Drafter
 from backends.core.types import HIDDEN_STATES, ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
 from backends.drafters import DRAFT_MODEL, DrafterResources, describe, head_requirement, method_spec
-from backends.heads.files import HeadFile, ModelFingerprint, find_heads
+from backends.heads.files import HEAD_KINDS, HeadFile, ModelFingerprint, find_heads
 from backends.hardware.offload import AUTO, resolve_gpu_layers
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
@@ -68,8 +68,6 @@ class SessionConfig:
     flash_attn: str = "auto"
     heads: tuple[str, ...] = ()  # trained head files to use (else those found for the model)
 
-
-HEAD_KINDS = ("medusa",)  # the kinds of trained heads a session looks for
 
 
 class Session:

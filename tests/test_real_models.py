@@ -61,6 +61,12 @@ def test_gemma_matches_plain_greedy(gemma_session, method, settings):
     check_method_matches_ar(gemma_session, method, settings)
 
 
+@pytest.mark.parametrize("width", [1, 3], ids=["chain", "tree"])
+def test_smollm2_medusa_with_the_shipped_head_matches_plain_greedy(smollm_session, width):
+    """The shipped head reads llama.cpp's hidden states; every guess is verified (fixed tree size)."""
+    check_method_matches_ar(smollm_session, "medusa", {"adaptive": False, "width": width, "max_nodes": 6})
+
+
 def test_tree_verify_matches_chains_and_commit_keeps_the_path(smollm_session):
     """One llama_decode over a tree gives each node the logits of its own path, and committing a
     path that is not sequence 0 leaves exactly that path in the cache."""
@@ -168,11 +174,12 @@ def test_a_removal_llama_cpp_refuses_raises_instead_of_starting_over(smollm_sess
 
 def test_a_recurrent_model_is_offered_plain_decoding_only_and_told_why(smollm_session, monkeypatch):
     from backends.core.errors import SpecDeckError
-    from backends.core.types import ROLLBACK, TREE
+    from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE
     from backends.llamacpp.target import LlamaTarget
 
     model = smollm_session.model
-    assert LlamaTarget.offers == {TREE, ROLLBACK} and smollm_session.target.offers == {TREE, ROLLBACK}
+    transformer = {TREE, ROLLBACK, HIDDEN_STATES}
+    assert LlamaTarget.offers == transformer and smollm_session.target.offers == transformer
     monkeypatch.setitem(model.__dict__, "is_recurrent", True)  # what llama_model_is_recurrent says of Mamba
     recurrent = LlamaTarget(model, n_ctx=256)
     try:
@@ -180,7 +187,7 @@ def test_a_recurrent_model_is_offered_plain_decoding_only_and_told_why(smollm_se
         monkeypatch.setattr(smollm_session, "target", recurrent)
         # timing probes roll back; on such a model they would fail before the reason is given
         monkeypatch.setattr(smollm_session, "cost_model", lambda: pytest.fail("probed a model that cannot roll back"))
-        for method in ("pld", "draft", "auto"):
+        for method in ("pld", "draft", "auto", "medusa"):
             with pytest.raises(SpecDeckError, match="cannot run on .* whose cache can forget rejected guesses"):
                 smollm_session.drafter(method, GREEDY.sampling)
         smollm_session.drafter("ar", GREEDY.sampling)  # plain decoding stays exact on such models

@@ -144,8 +144,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from backends.models.catalog import CATALOG, is_present, resolve_model
 
     from backends.drafters import head_requirement
-    from backends.factory import HEAD_KINDS
-    from backends.heads.files import find_heads
+    from backends.heads.files import HEAD_KINDS, find_heads
 
     hw = with_gpu_module(detect_hardware())
     drafts = [_model_path(d) for d in args.draft_model] or [resolve_model(m) for m in CATALOG if is_present(m)]
