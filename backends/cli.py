@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("kind", choices=("medusa",))
     train.add_argument("--model", default=DEFAULT_MODEL, help="known model id or path to a .gguf file")
     train.add_argument("--data", default="spec-bench",
-                       help="spec-bench (questions a bench does not evaluate) or a JSONL file of prompts")
+                       help="spec-bench (questions a bench does not evaluate), chats (what you asked in the "
+                            "window's saved conversations) or a JSONL file of prompts")
     train.add_argument("--minutes", type=float, default=30.0, help="the whole time budget, recording included")
     train.add_argument("--prompts", type=int, default=None, help="record at most this many conversations")
     train.add_argument("--steps", type=int, default=None, help="training steps (default: what the time allows)")

@@ -5,8 +5,8 @@ Two phases, both resumable (run the same command again after Ctrl+C or a crash):
 1. Record. The model answers prompts itself, greedy, and its hidden states are kept
    (``backends.heads.record``), one file per answer under the cache folder; a rerun skips the
    answers already there. Prompts: Spec-Bench questions a ``specdeck bench`` does not evaluate
-   (``spec-bench``, 60 per category at most), or a JSONL file of ``{"turns": [...]}``,
-   ``{"prompt": ...}`` or ``{"messages": [...]}`` lines. Every turn of a conversation is answered
+   (``spec-bench``, 60 per category at most), the user's saved chats in the window (``chats``),
+   or a JSONL file of ``{"turns": [...]}``, ``{"prompt": ...}`` or ``{"messages": [...]}`` lines. Every turn of a conversation is answered
    with the model's own earlier answers, the way a chat goes.
 2. Train (``backends.heads.training``): the step count is fixed when training starts, from
    the time left and a measured step, and kept by a resumed run.
@@ -18,8 +18,10 @@ next to the user's other heads (``files.head_stem``), where sessions find it for
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
@@ -30,7 +32,7 @@ from backends.core.errors import SpecDeckError
 from backends.core.types import Finished, GenerationSettings, SamplingSettings
 from backends.heads.files import ModelFingerprint, head_stem
 from backends.heads.record import Recorder, SampleStore
-from backends.models.paths import cache_dir
+from backends.models.paths import cache_dir, data_dir
 
 SPEC_BENCH_PER_CATEGORY = 60
 TURNS = 16  # sample number = conversation * TURNS + turn
@@ -52,16 +54,20 @@ class TrainRequest:
     n_threads: int | None = None
 
 
-def conversations(data: str) -> list[list[str]]:
-    """The user turns of each conversation of a data source."""
+def conversations(data: str) -> dict[int, list[str]]:
+    """The user turns of each conversation of a data source, by a key that stays the conversation's
+    (its position in a file; a saved chat's id, which deleting other chats does not change)."""
     if data == "spec-bench":
         from backends.bench import default_prompts, held_out_prompts
 
-        return [list(p.turns) for p in held_out_prompts(default_prompts(), per_category=SPEC_BENCH_PER_CATEGORY,
-                                                          exclude_per_category=EVALUATED_PER_CATEGORY)]
+        prompts = held_out_prompts(default_prompts(), per_category=SPEC_BENCH_PER_CATEGORY,
+                                   exclude_per_category=EVALUATED_PER_CATEGORY)
+        return dict(enumerate(list(p.turns) for p in prompts))
+    if data == "chats":
+        return saved_chats(data_dir() / "conversations.sqlite3")
     path = Path(data).expanduser()
     if not path.is_file():
-        raise SpecDeckError(f"--data takes spec-bench or a JSONL file; {data} is neither")
+        raise SpecDeckError(f"--data takes spec-bench, chats or a JSONL file; {data} is none of them")
     out = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -81,23 +87,43 @@ def conversations(data: str) -> list[list[str]]:
             out.append(turns)
     if not out:
         raise SpecDeckError(f"{path} holds no prompts")
+    return dict(enumerate(out))
+
+
+def saved_chats(path: Path) -> dict[int, list[str]]:
+    """What the user asked in the window's saved conversations (the SQLite file the window keeps,
+    ``desktop/store.py``: table ``messages``, by conversation and position), read-only."""
+    if not path.exists():
+        raise SpecDeckError("there are no saved chats yet: chat in the window first, or train on spec-bench")
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            rows = db.execute("SELECT conversation, content FROM messages WHERE role = 'user' AND content != '' "
+                              "ORDER BY conversation, position").fetchall()
+    except sqlite3.Error as exc:
+        raise SpecDeckError(f"the saved chats in {path} cannot be read ({exc})") from None
+    out: dict[int, list[str]] = {}
+    for conversation, content in rows:
+        out.setdefault(int(conversation), []).append(str(content))
+    if not out:
+        raise SpecDeckError("the saved chats hold no messages yet")
     return out
 
 
 def data_folder(fingerprint: ModelFingerprint, data: str, max_new_tokens: int) -> Path:
-    tag = "spec-bench" if data == "spec-bench" else Path(data).stem
+    tag = data if data in ("spec-bench", "chats") else Path(data).stem
     return cache_dir() / "train" / f"{fingerprint.vocab_digest}-{fingerprint.file_type}" / f"{tag}-{max_new_tokens}"
 
 
-def record(session, turns: list[list[str]], store: SampleStore, *, max_new_tokens: int, deadline: float,
+def record(session, turns: dict[int, list[str]], store: SampleStore, *, max_new_tokens: int, deadline: float,
            limit: int | None, report: Callable[[dict], None]) -> int:
     """Answer conversations in order until ``deadline``; returns how many are recorded in all."""
     from backends.core.engine import generate
 
     gen = GenerationSettings(max_new_tokens=max_new_tokens, sampling=SamplingSettings())
-    total = len(turns) if limit is None else min(limit, len(turns))
+    keys = list(turns)[:limit]
+    total = len(keys)
     tokens_done, start = 0, time.perf_counter()
-    for i in range(total):
+    for done, i in enumerate(keys, 1):
         if store.has(i * TURNS):
             continue
         if time.time() > deadline:
@@ -117,7 +143,7 @@ def record(session, turns: list[list[str]], store: SampleStore, *, max_new_token
             store.put(i * TURNS + t, recorder.sample(prompt, answer))
             tokens_done += len(answer)
             messages.append({"role": "assistant", "content": finished.text if finished else ""})
-        report({"phase": "record", "done": i + 1, "total": total,
+        report({"phase": "record", "done": done, "total": total,
                 "tokens_per_s": tokens_done / max(time.perf_counter() - start, 1e-9),
                 "eta_s": max(0.0, deadline - time.time())})
     return len({n // TURNS for n in store.indices()})

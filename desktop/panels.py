@@ -118,7 +118,7 @@ class MethodPanel(QGroupBox):
 
     method_changed = Signal(str)
     draft_chosen = Signal(str)
-    train_requested = Signal(str)  # a kind of head ("medusa") the chosen method lacks
+    train_requested = Signal(str)  # the kind of head ("medusa") a method lacks: the Train button
     runnable_changed = Signal(dict)  # runnable(): after new advice and after every settings change
 
     def __init__(self, parent: QWidget | None = None) -> None:

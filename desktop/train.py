@@ -59,6 +59,7 @@ class TrainDialog(QDialog):
         self.data = QComboBox()
         self.data.setObjectName("train_data")
         self.data.addItem("Spec-Bench questions that benchmarks do not use", "spec-bench")
+        self.data.addItem("What you asked in your saved chats", "chats")
         self.data.addItem("Prompts from a JSONL file ...", "")
         self.data.activated.connect(self._pick_file)
         form.addRow("Prompts:", self.data)

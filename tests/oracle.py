@@ -123,8 +123,9 @@ class OracleTarget:
         self._pending = (root, proposal.tokens)
         hidden = None
         if self._keep_hidden:
-            hidden = np.stack([self.state_for(base)] + [self.state_for(base + [proposal.tokens[j] for j in
-                              np.flatnonzero(compile_tree(proposal.parents).mask[i])]) for i in range(proposal.size)])
+            mask = compile_tree(proposal.parents).mask if proposal.size else None
+            hidden = np.stack([self.state_for(base)] + [
+                self.state_for(base + [proposal.tokens[j] for j in np.flatnonzero(mask[i])]) for i in range(proposal.size)])
         return TargetOutput(logits=np.stack(rows), hidden=hidden)
 
     def hidden_states(self, start: int, end: int) -> np.ndarray:

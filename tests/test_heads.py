@@ -220,3 +220,65 @@ def test_the_fit_estimator_counts_the_head_and_the_kept_states(oracle_head, tmp_
     head = HeadFile("medusa", oracle_head.config, ModelFingerprint.of(smollm_q4_path), oracle_head.tensors)
     head.save(tmp_path / "heads" / "smol.medusa")
     assert trained_head_bytes(spec, smollm_q4_path) == 2 * (tmp_path / "heads" / "smol.medusa.safetensors").stat().st_size
+
+
+def test_training_stopped_halfway_resumes_to_the_same_head(tmp_path):
+    pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
+    from backends.heads.training import MedusaTrainConfig, MedusaTrainer, draft_vocabulary, medusa_examples
+
+    oracle = OracleTarget(VOCAB, seed=3, hidden_size=WIDE)
+    rng = np.random.default_rng(1)
+    samples = record_oracle(oracle, [rng.integers(0, VOCAB, size=10).tolist() for _ in range(30)], 30)
+    config = MedusaTrainConfig(n_heads=2, draft_vocab=VOCAB, lr=1e-2, batch=64, max_epochs=100, eval_every=10)
+    vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
+    examples = medusa_examples(samples, vocab, config.n_heads, VOCAB)
+    lm = rng.normal(size=(VOCAB, WIDE)).astype(np.float32)
+
+    def trainer(name: str) -> MedusaTrainer:
+        return MedusaTrainer(examples, vocab, lm, FAKE_MODEL, config, tmp_path / name)
+
+    straight = trainer("a.safetensors")
+    straight.run(40)
+    halfway = trainer("b.safetensors")
+    calls = iter(range(1000))
+    halfway.run(40, stop=lambda: next(calls) >= 25)  # stopped after 25 steps, checkpoint written
+    assert halfway.step == 25
+    resumed = trainer("b.safetensors")  # a new process would start here
+    assert resumed.step == 25
+    resumed.run(40)
+    a, b = straight.export({}), resumed.export({})
+    for name in a.tensors:
+        assert np.array_equal(a.tensors[name], b.tensors[name]), name
+
+
+def test_heads_that_cannot_pay_stop_running(oracle_head):
+    """Where verifying a guess costs as much as a forward, the gate learns to leave the heads off."""
+    from backends.core.costs import CostModel
+
+    dear = CostModel.from_relative([1.0 + i for i in range(25)])  # every node costs a whole forward
+    oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE, n_ctx=1024)
+    drafter = MedusaDrafter(MedusaHeads(oracle_head), MedusaSettings(width=2), costs=dear)
+    finished = list(generate(oracle, drafter, oracle_prompt(9), GenerationSettings(max_new_tokens=400)))[-1]
+    assert finished.stats.new_tokens == 400
+    chosen = drafter.gate.chosen
+    assert chosen.get("off", 0) > 4 * chosen.get("heads", 0), chosen
+
+
+def test_saved_chats_give_their_user_turns_by_conversation(tmp_path, monkeypatch):
+    from backends.core.errors import SpecDeckError
+    from backends.train import conversations
+    from desktop.store import ConversationStore, StoredMessage
+
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path))
+    with pytest.raises(SpecDeckError, match="no saved chats"):
+        conversations("chats")
+    store = ConversationStore()
+    first, second = store.create(), store.create()
+    store.replace_messages(first, [StoredMessage("user", "Hi"), StoredMessage("assistant", "Hello!"),
+                                   StoredMessage("user", "And you?")])
+    store.replace_messages(second, [StoredMessage("user", "Name a fruit.")])
+    store.delete(first)
+    third = store.create()
+    store.replace_messages(third, [StoredMessage("user", "Count to three.")])
+    store.close()
+    assert conversations("chats") == {second: ["Name a fruit."], third: ["Count to three."]}

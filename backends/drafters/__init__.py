@@ -192,9 +192,10 @@ def _build_medusa(settings: MedusaSettings, res: DrafterResources) -> Drafter:
     heads = res.memory.get(("medusa heads", id(head)))
     if heads is None:
         heads = res.memory[("medusa heads", id(head))] = MedusaHeads(head)
-    sizer = res.memory.get(("medusa", settings))
-    drafter = MedusaDrafter(heads, settings, costs=res.costs(), sizer=sizer)
+    sizer, gate = res.memory.get(("medusa", settings)), res.memory.get(("medusa", settings, "gate"))
+    drafter = MedusaDrafter(heads, settings, costs=res.costs(), sizer=sizer, gate=gate)
     res.memory[("medusa", settings)] = drafter.sizer  # calibration carries over to the next answer
+    res.memory[("medusa", settings, "gate")] = drafter.gate  # and so does what running the heads paid
     return drafter
 
 

@@ -293,7 +293,7 @@ class MedusaTrainer:
             loss = self._loss(self._batch(self.step))
             self.opt.zero_grad()
             loss.backward()
-            self.opt.step()
+            self.opt.step()  # Ctrl+C or a kill: the last checkpoint (at most CHECKPOINT_S old) is consistent
             self.step += 1
             agreement = self._evaluate() if self.step % self.config.eval_every == 0 or self.step == self.steps else []
             value = loss.item()
