@@ -19,8 +19,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import psutil  # noqa: E402
-
+from backends.core.costs import CpuWatch  # noqa: E402
 from backends.core.types import Proposal, Verdict  # noqa: E402
 from backends.llamacpp.model import LlamaModel  # noqa: E402
 from backends.llamacpp.target import LlamaTarget  # noqa: E402
@@ -38,42 +37,27 @@ def main() -> int:
     plain, keeping = LlamaTarget(model, n_ctx=1024), LlamaTarget(model, n_ctx=1024)
     plain.prefill(prompt[:-1])
     keeping.prefill(prompt[:-1], hidden=True)
-    busy0 = _others_cpu()
-    wall0 = time.perf_counter()
-    print(f"{model.name} ({model.weight_type}), {plain.n_threads} threads, prompt {len(prompt)} tokens")
-    print("| rows | plain ms | with states ms | ratio |\n|---|---|---|---|")
-    for rows in (int(r) for r in args.rows.split(",")):
-        chain = Proposal.chain(prompt[1:rows])
-        times = {"plain": 0.0, "hidden": 0.0}
-        for i in range(args.rounds):
-            order = [("plain", plain), ("hidden", keeping)] if i % 2 == 0 else [("hidden", keeping), ("plain", plain)]
-            for name, target in order:
-                start = time.perf_counter()
-                out = target.verify(prompt[-1], chain)
-                if name == "hidden":
-                    assert out.hidden is not None and out.hidden.shape[0] == rows
-                times[name] += time.perf_counter() - start
-                target.commit(Verdict((), (0,), chain.size, chain.size))
-                target.truncate(len(prompt) - 1)
-        ratio = times["hidden"] / times["plain"]
-        print(f"| {rows} | {1000 * times['plain'] / args.rounds:.2f} | {1000 * times['hidden'] / args.rounds:.2f} "
-              f"| {ratio:.3f} |")
-    busy = _others_cpu() - busy0
-    print(f"other processes used {busy / (time.perf_counter() - wall0):.2f} cores meanwhile")
+    with CpuWatch() as watch:
+        print(f"{model.name} ({model.weight_type}), {plain.n_threads} threads, prompt {len(prompt)} tokens")
+        print("| rows | plain ms | with states ms | ratio |\n|---|---|---|---|")
+        for rows in (int(r) for r in args.rows.split(",")):
+            chain = Proposal.chain(prompt[1:rows])
+            times = {"plain": 0.0, "hidden": 0.0}
+            for i in range(args.rounds):
+                order = [("plain", plain), ("hidden", keeping)] if i % 2 == 0 else [("hidden", keeping), ("plain", plain)]
+                for name, target in order:
+                    start = time.perf_counter()
+                    out = target.verify(prompt[-1], chain)
+                    if name == "hidden":
+                        assert out.hidden is not None and out.hidden.shape[0] == rows
+                    times[name] += time.perf_counter() - start
+                    target.commit(Verdict((), (0,), chain.size, chain.size))
+                    target.truncate(len(prompt) - 1)
+            ratio = times["hidden"] / times["plain"]
+            print(f"| {rows} | {1000 * times['plain'] / args.rounds:.2f} | {1000 * times['hidden'] / args.rounds:.2f} "
+                  f"| {ratio:.3f} |")
+    print(f"other processes used {watch.other_cores:.2f} cores meanwhile")
     return 0
-
-
-def _others_cpu() -> float:
-    """CPU seconds every other process has used so far."""
-    total = 0.0
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid():
-                t = p.cpu_times()
-                total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
 
 
 if __name__ == "__main__":

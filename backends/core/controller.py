@@ -392,3 +392,10 @@ class Bandit:
     def settled(self) -> Hashable:
         """The arm chosen most often so far (what this machine settled on)."""
         return max(self.chosen, key=self.chosen.__getitem__) if self.chosen else self.baseline
+
+
+def drafting_gate(arm: Hashable) -> Bandit:
+    """Whether a costly drafting step (a datastore lookup, running trained heads) is worth doing at
+    all: ``arm`` against drafting nothing. Such steps pay in rare runs, so the record forgets
+    slowly (about 100 rounds) and the arm is judged after 16."""
+    return Bandit([arm], baseline="off", min_tries=16, probe_every=32, decay=0.99)

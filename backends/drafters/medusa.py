@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, TreeLedger, TreeSizer, cost_at
+from backends.core.controller import Bandit, TreeLedger, TreeSizer, cost_at, drafting_gate
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
@@ -39,11 +39,6 @@ from backends.drafters.rest import RankedTree
 from backends.heads.medusa import MedusaHeads
 
 HEADS = "heads"  # the gate's arm: run the heads (its baseline: draft nothing)
-
-
-def new_gate() -> Bandit:
-    """Judged after 16 steps that ran the heads; the record forgets over about 100."""
-    return Bandit([HEADS], baseline="off", min_tries=16, probe_every=32, decay=0.99)
 
 
 @dataclass(frozen=True)
@@ -98,7 +93,7 @@ class MedusaDrafter:
         self.requires = frozenset({HIDDEN_STATES, ROLLBACK} | ({TREE} if self.settings.width > 1 else set()))
         costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
         self.sizer = sizer or TreeSizer(costs, max_nodes=self.settings.max_nodes, prior=0.8)
-        self.gate = gate or new_gate()
+        self.gate = gate or drafting_gate(HEADS)
         self.clock = clock
         self.head_seconds = 0.0  # time the heads took, over the answer
         self.begin([])

@@ -40,7 +40,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, TreeLedger, TreeSizer, cost_at
+from backends.core.controller import Bandit, TreeLedger, TreeSizer, cost_at, drafting_gate
 from backends.core.costs import CostModel
 from backends.core.tree import fit_paths
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
@@ -59,10 +59,9 @@ DATASTORE = "datastore"  # the gate's arm: look the context up (its baseline: dr
 
 
 def new_gate() -> Bandit:
-    """The gate's bandit: rounds are steps the conversation had nothing for. Most lookups find
-    nothing worth verifying, and a datastore pays in rare long runs, so its record forgets slowly
-    (about 100 lookups) and it is judged after 16."""
-    return Bandit([DATASTORE], baseline="off", min_tries=16, probe_every=32, decay=0.99)
+    """The gate's bandit: rounds are steps the conversation had nothing for (most lookups find
+    nothing worth verifying; a datastore pays in rare long runs)."""
+    return drafting_gate(DATASTORE)
 
 
 @dataclass(frozen=True)
