@@ -9,6 +9,7 @@
     specdeck fit gemma3-270m-q4_k_m --ctx 8192
     specdeck recommend smollm2-135m-f16 --task summarize
     specdeck train medusa --model smollm2-135m-f16 --minutes 30
+    specdeck train eagle --model smollm2-135m-f16 --minutes 30
 """
 
 from __future__ import annotations
@@ -147,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     sans.add_argument("--prompts", type=Path, default=None)
     sans.add_argument("--out", type=Path, required=True)
     train = sub.add_parser("train", help="train a draft head for a model, on this PC, from its own answers")
-    train.add_argument("kind", choices=("medusa",))
+    from backends.heads.files import HEAD_KINDS
+
+    train.add_argument("kind", choices=HEAD_KINDS)
     train.add_argument("--model", default=DEFAULT_MODEL, help="known model id or path to a .gguf file")
     train.add_argument("--data", default="spec-bench",
                        help="spec-bench (questions a bench does not evaluate), chats (what you asked in the "

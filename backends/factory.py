@@ -29,6 +29,7 @@ from backends.core.protocols import Drafter
 from backends.core.types import HIDDEN_STATES, ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
 from backends.drafters import DRAFT_MODEL, DrafterResources, describe, head_requirement, method_spec
 from backends.heads.files import HEAD_KINDS, HeadFile, ModelFingerprint, find_heads
+from backends.models.weights import TokenEmbeddings
 from backends.hardware.offload import AUTO, resolve_gpu_layers
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
@@ -164,6 +165,11 @@ class Session:
         """What trained heads are checked against (from the GGUF header)."""
         return ModelFingerprint.of(self._path)
 
+    @cached_property
+    def embeddings(self) -> TokenEmbeddings:
+        """The target's token embeddings, rows read from its GGUF when a head first needs them."""
+        return TokenEmbeddings(self._path)
+
     def head(self, kind: str, path: str = "") -> HeadFile:
         """A trained head of ``kind`` for the loaded model: ``path``, one given in the config, or the
         best one found; loaded once. A head made for another model is refused, naming both."""
@@ -280,6 +286,8 @@ class Session:
             vocab=self.model.vocab_info,
             stop=stop,
             head=self.head,
+            offers=self.offers,
+            embeddings=lambda: self.embeddings,
         )
         drafter = spec.build(chosen, resources)
         missing = drafter.requires - self.target.offers

@@ -1,4 +1,4 @@
-"""``specdeck train medusa``: a head for the user's own model, made on the user's own PC.
+"""``specdeck train medusa|eagle``: a head for the user's own model, made on the user's own PC.
 
 Two phases, both resumable (run the same command again after Ctrl+C or a crash):
 
@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
-import numpy as np
-
 from backends.core.errors import SpecDeckError
 from backends.core.types import Finished, GenerationSettings, SamplingSettings
 from backends.heads.files import ModelFingerprint, head_stem
 from backends.heads.record import Recorder, SampleStore
 from backends.models.paths import cache_dir, data_dir
+from backends.models.weights import tensor_rows
 
 SPEC_BENCH_PER_CATEGORY = 60
 TURNS = 16  # sample number = conversation * TURNS + turn
@@ -149,18 +148,44 @@ def record(session, turns: dict[int, list[str]], store: SampleStore, *, max_new_
     return len({n // TURNS for n in store.indices()})
 
 
-def output_rows(model_path: Path, rows: np.ndarray) -> np.ndarray:
-    """The target's output-layer rows for token ids ``rows`` ([len(rows), d] float32), read with the
-    gguf library (``output.weight``, or the tied token embeddings)."""
-    import gguf
+def _medusa(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
+            folder: Path):
+    """The Medusa trainer for recorded samples, and how many positions it trains on."""
+    from backends.heads.training import MedusaTrainConfig, MedusaTrainer, draft_vocabulary, medusa_examples
 
-    reader = gguf.GGUFReader(str(model_path))
-    by_name = {t.name: t for t in reader.tensors}
-    tensor = by_name.get("output.weight") or by_name.get("token_embd.weight")
-    if tensor is None:
-        raise SpecDeckError(f"{model_path.name} has neither output.weight nor token_embd.weight")
-    # quantized rows are stored whole (a row is a run of blocks), so pick the rows, then dequantize
-    return np.asarray(gguf.quants.dequantize(tensor.data[rows], tensor.tensor_type), dtype=np.float32)  # [rows, d]
+    config = MedusaTrainConfig(seed=seed)
+    vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
+    examples = medusa_examples(samples, vocab, config.n_heads, n_vocab, group=lambda n: n // TURNS)
+    trainer = MedusaTrainer(examples, vocab, tensor_rows(model_path, vocab), fingerprint, config,
+                            folder / f"medusa-seed{seed}.checkpoint.safetensors")
+    return trainer, len(examples.states), int(examples.held_out.sum())
+
+
+def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
+           folder: Path):
+    """The EAGLE trainer: a layer shaped like one of the target's (its width, heads, feed-forward)."""
+    from backends.heads.eagle import EagleShape
+    from backends.heads.eagle_training import EagleTrainConfig, EagleTrainer, eagle_sequences
+    from backends.heads.training import draft_vocabulary
+    from backends.models.gguf_info import read_gguf_info
+    from backends.models.weights import TokenEmbeddings
+
+    config = EagleTrainConfig(seed=seed)
+    info = read_gguf_info(model_path)
+    n_head = info.n_head if info.n_head and info.n_embd % info.n_head == 0 else max(1, info.n_embd // 64)
+    n_kv = info.n_head_kv if info.n_head_kv and n_head % info.n_head_kv == 0 else n_head
+    vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
+    shape = EagleShape(d=info.n_embd, n_head=n_head, n_kv_head=n_kv, head_dim=info.n_embd // n_head,
+                       d_ff=info.n_ff or 4 * info.n_embd, draft_vocab=len(vocab))
+    data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
+                           group=lambda n: n // TURNS)
+    trainer = EagleTrainer(data, vocab, tensor_rows(model_path, vocab), shape, fingerprint, config,
+                           folder / f"eagle-seed{seed}.checkpoint.safetensors")
+    held = int((data.valid & data.held_out[:, None]).sum())
+    return trainer, int(data.valid.sum()), held
+
+
+TRAINERS = {"medusa": _medusa, "eagle": _eagle}  # head kind -> its trainer over recorded samples
 
 
 def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: None,
@@ -169,10 +194,10 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     ``{"phase": "record", "done", "total", "tokens_per_s", "eta_s"}``, ``{"phase": "data",
     "positions", "held_out", "conversations"}``, ``{"phase": "train", "step", "steps", "loss",
     "agreement" (may be empty), "eta_s"}`` and ``{"phase": "done", "head", "agreement"}``."""
-    if req.kind != "medusa":
-        raise SpecDeckError(f"specdeck can train medusa heads so far, not {req.kind!r}")
+    if req.kind not in TRAINERS:
+        raise SpecDeckError(f"specdeck can train {', '.join(TRAINERS)} heads, not {req.kind!r}")
     from backends.factory import Session, SessionConfig
-    from backends.heads.training import MedusaTrainConfig, MedusaTrainer, draft_vocabulary, medusa_examples, torch_or_error
+    from backends.heads.training import torch_or_error
 
     torch_or_error()  # before an hour of recording, not after
     started = time.time()
@@ -188,13 +213,8 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
         eog = sorted(session.model.eog_ids)
         n_vocab = session.model.n_vocab
     samples = list(store.samples())
-    config = MedusaTrainConfig(seed=req.seed)
-    vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
-    examples = medusa_examples(samples, vocab, config.n_heads, n_vocab, group=lambda n: n // TURNS)
-    report({"phase": "data", "positions": int(len(examples.states)), "held_out": int(examples.held_out.sum()),
-            "conversations": done})
-    trainer = MedusaTrainer(examples, vocab, output_rows(path, vocab), fingerprint, config,
-                            folder / f"medusa-seed{req.seed}.checkpoint.safetensors")
+    trainer, positions, held = TRAINERS[req.kind](samples, path, fingerprint, eog, n_vocab, req.seed, folder)
+    report({"phase": "data", "positions": positions, "held_out": held, "conversations": done})
     steps = req.steps
     if steps is None:
         left = started + req.minutes * 60 - time.time()
@@ -208,11 +228,11 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     if result.step < trainer.steps:
         raise SpecDeckError(f"training stopped at step {result.step} of {trainer.steps}; run the same command "
                             "again to go on")
-    head = trainer.export({"data": req.data, "conversations": done, "positions": int(len(examples.states)),
+    head = trainer.export({"data": req.data, "conversations": done, "positions": positions,
                            "steps": trainer.steps, "seed": req.seed, "minutes": req.minutes,
                            "agreement": [round(a, 4) for a in result.agreement],
                            "command": command_line(req)})
-    saved = head.save(req.out or head_stem(path, "medusa"))
+    saved = head.save(req.out or head_stem(path, req.kind))
     report({"phase": "done", "head": str(saved), "agreement": result.agreement})
     return saved
 

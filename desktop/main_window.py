@@ -535,6 +535,6 @@ def compute_advice(ready: ModelReady, hw: HardwareReport) -> MethodAdvice:
     compatible = recs.compatible_drafts
     draft = load_shape(ready.draft_model) if ready.draft_model else (compatible[0] if compatible else None)
     fits = {name: plan(shape, hw, rt, method_extra(spec, rt.n_ctx, draft=draft, hidden_size=shape.n_embd,
-                                                    heads_bytes=trained_head_bytes(spec, ready.path)))
+                                                    heads_bytes=trained_head_bytes(spec, ready.path, rt.n_ctx)))
             for name, spec in REGISTRY.items()}
     return MethodAdvice(recs, fits, tuple(Path(s.path) for s in compatible), recs.rejected_drafts)

@@ -113,6 +113,9 @@ class MethodAdvice:
     rejected_drafts: tuple[tuple[str, str], ...]
 
 
+HEAD_NAMES = {"eagle": "an EAGLE", "medusa": "a Medusa"}  # the Train button's words for a kind of head
+
+
 class MethodPanel(QGroupBox):
     """Every method with its fit label and predicted speed; unusable ones greyed out with why."""
 
@@ -239,15 +242,17 @@ class MethodPanel(QGroupBox):
         self._show_details(name)
         kind = self.missing_head()
         self.train.setVisible(self.advice is not None and kind is not None)
-        self.train.setText(f"Train a {kind} head for this model ...")
+        self.train.setText(f"Train {HEAD_NAMES.get(kind or '', f'a {kind}')} head for this model ...")
         self.method_changed.emit(name)
 
     def missing_head(self) -> str | None:
         """A kind of trained head that a method needs and the loaded model lacks (while the model
-        gives hidden states to train one on), if any: what the Train button offers to make."""
+        gives hidden states to train one on), if any: what the Train button offers to make. The
+        chosen method's head comes first."""
         if HIDDEN_STATES not in self._offers:
             return None
-        for spec in REGISTRY.values():
+        current = REGISTRY.get(self.method())
+        for spec in ([current] if current else []) + list(REGISTRY.values()):
             missing = sorted(r for r in spec.requires - self._offers if r.startswith(HEAD_PREFIX))
             if missing:
                 return missing[0][len(HEAD_PREFIX):]

@@ -35,6 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 HEAD_COLOURS = [(60, 140, 230), (230, 140, 60), (80, 180, 90), (200, 80, 160), (140, 140, 140)]
 
 
+KIND_LABELS = {"eagle": "EAGLE head (for eagle2)", "medusa": "Medusa heads (for medusa)"}
+
+
 class TrainDialog(QDialog):
     """Model, kind, data source, time budget; Start and Cancel; progress, loss and agreement."""
 
@@ -53,7 +56,9 @@ class TrainDialog(QDialog):
         form = QFormLayout()
         form.addRow("Model:", QLabel(Path(model).name))
         self.kind = QComboBox()
-        self.kind.addItem("Medusa heads", "medusa")
+        self.kind.setObjectName("train_kind")
+        for key, label in KIND_LABELS.items():
+            self.kind.addItem(label, key)
         self.kind.setCurrentIndex(max(0, self.kind.findData(kind)))
         form.addRow("Head:", self.kind)
         self.data = QComboBox()
@@ -86,7 +91,7 @@ class TrainDialog(QDialog):
         self.status.setWordWrap(True)
         self.loss_plot = pg.PlotWidget(title="training loss")
         self.loss_curve = self.loss_plot.plot(pen=pg.mkPen(HEAD_COLOURS[0], width=2))
-        self.agree_plot = pg.PlotWidget(title="held-out agreement per head")
+        self.agree_plot = pg.PlotWidget(title="held-out agreement per guess ahead")
         self.agree_plot.setYRange(0, 1)
         self.agree_plot.addLegend(offset=(5, 5))
         self.agree_curves: list = []
@@ -124,7 +129,11 @@ class TrainDialog(QDialog):
             return
         self.head, self._buffer, self._errors = None, b"", []
         self.loss_points = ([], [])
+        self.loss_curve.setData([], [])
         self.agree_points = []
+        for curve in self.agree_curves:  # a second run (another kind of head) draws its own curves
+            self.agree_plot.removeItem(curve)
+        self.agree_curves = []
         self.process = QProcess(self)
         env = QProcessEnvironment.systemEnvironment()
         env.insert("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), env.value("PYTHONPATH")])))
@@ -187,14 +196,14 @@ class TrainDialog(QDialog):
             self.head = event["head"]
             self._add_agreement(self.loss_points[0][-1] if self.loss_points[0] else 0, event["agreement"])
             agree = ", ".join(f"{a:.0%}" for a in event["agreement"])
-            self.status.setText(f"Done: {Path(self.head).name} (held-out agreement per head {agree}). "
+            self.status.setText(f"Done: {Path(self.head).name} (held-out agreement per guess ahead {agree}). "
                                 "Its method can be chosen now.")
 
     def _add_agreement(self, step: float, agreement: list[float]) -> None:
         while len(self.agree_curves) < len(agreement):
             k = len(self.agree_curves)
             self.agree_curves.append(self.agree_plot.plot(pen=pg.mkPen(HEAD_COLOURS[k % len(HEAD_COLOURS)], width=2),
-                                                          symbol="o", symbolSize=5, name=f"head {k + 1}"))
+                                                          symbol="o", symbolSize=5, name=f"guess {k + 1}"))
             self.agree_points.append(([], []))
         for k, value in enumerate(agreement):
             self.agree_points[k][0].append(step)

@@ -9,10 +9,13 @@ machine (``Session.batch_noise``: F16 and Q4_1 differ tenfold). Anything else is
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
 from backends.bench import logit_margin
-from backends.core.types import Finished, GenerationSettings, SamplingSettings
+from backends.core.types import Finished, GenerationSettings, Proposal, SamplingSettings
 from tests.conftest import PROMPTS
 
 # Fixed lengths: the controller may rightly decide drafting does not pay on this CPU, but these
@@ -65,6 +68,54 @@ def test_gemma_matches_plain_greedy(gemma_session, method, settings):
 def test_smollm2_medusa_with_the_shipped_head_matches_plain_greedy(smollm_session, width):
     """The shipped head reads llama.cpp's hidden states; every guess is verified (fixed tree size)."""
     check_method_matches_ar(smollm_session, "medusa", {"adaptive": False, "width": width, "max_nodes": 6})
+
+
+@pytest.mark.parametrize("top_k", [1, 3], ids=["chain", "tree"])
+def test_smollm2_eagle2_with_the_shipped_head_matches_plain_greedy(smollm_session, top_k):
+    """The shipped EAGLE head runs on llama.cpp's hidden states and the GGUF's own embeddings;
+    every tree is verified (fixed size), so losslessness is tested on every step."""
+    check_method_matches_ar(smollm_session, "eagle2",
+                            {"adaptive": False, "top_k": top_k, "expand": top_k, "depth": 4, "max_nodes": 8})
+
+
+def test_smollm2_eagle2_sampling_keeps_the_model_distribution(smollm_session):
+    """Sampling through the engine with the shipped head's trees: the first answer token follows
+    SmolLM2's own distribution, and so does the second after the likeliest first (read from the
+    model's logits one token at a time). No top-k/top-p/min-p cut, so no token sits at a cut-off
+    where batched and one-token rounding could move it across."""
+    from backends.core.sampling import target_distribution
+    from tests.test_eagle import chi_square
+
+    session = smollm_session
+    prompt = session.model.chat_prompt([{"role": "user", "content": "Count from 1 to 5."}])
+    sampling = SamplingSettings(temperature=0.6, top_k=0, top_p=1.0, min_p=0.0)
+
+    def p(context: list[int]) -> np.ndarray:
+        session.reset()
+        session.target.prefill(context[:-1])
+        row = np.array(session.target.verify(context[-1], Proposal()).row(0))
+        session.reset()
+        return target_distribution(row, context, sampling)
+
+    p1 = p(prompt)
+    first = int(np.argmax(p1))
+    p2 = p(prompt + [first])
+    counts = np.zeros((2, len(p1)))
+    accepted = 0
+    for seed in range(300):
+        session.reset()
+        done = list(session.generate("eagle2", prompt, GenerationSettings(max_new_tokens=2, sampling=replace(sampling, seed=seed)),
+                                     method_settings={"adaptive": False, "top_k": 3, "expand": 2, "depth": 3,
+                                                      "max_nodes": 8}))[-1]
+        counts[0, done.tokens[0]] += 1
+        if done.tokens[0] == first:
+            counts[1, done.tokens[1]] += 1
+        accepted += done.stats.accepted
+    assert accepted > 20, f"only {accepted} guesses accepted: the trees were not exercised"
+    assert counts[1].sum() > 120, "the likeliest first token came too rarely to test the second"
+    for k, exact in enumerate((p1, p2)):
+        chi2, dof = chi_square(counts[k], exact)
+        assert chi2 < dof + 5 * np.sqrt(2 * dof) + 5, f"token {k + 1}: chi2 {chi2:.1f} for {dof} degrees of freedom"
 
 
 def test_tree_verify_matches_chains_and_commit_keeps_the_path(smollm_session):

@@ -15,6 +15,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable
 
+import numpy as np
+
 from backends.core.controller import LengthController
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError, UnknownMethodError
@@ -23,11 +25,13 @@ from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE, SamplingSettings
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
+from backends.drafters.eagle import EagleDrafter, EagleSettings
 from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
 from backends.drafters.medusa import MedusaDrafter, MedusaSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
 from backends.drafters.rest import RESTDrafter, RESTSettings
 from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings
+from backends.heads.eagle import EagleHead
 from backends.heads.files import HeadFile
 from backends.heads.medusa import MedusaHeads
 from backends.models.datastore import DATASTORE_FILE, Datastore
@@ -81,6 +85,10 @@ class DrafterResources:
     # A trained head of a kind ("medusa") for the target, from a file (a settings field) or the one
     # found for the model (""); raises with the reason when none fits.
     head: Callable[[str, str], HeadFile] | None = None
+    # What the session offers (capabilities, "head:KIND" for the trained heads at hand).
+    offers: frozenset[str] = frozenset()
+    # The target's token embeddings (ids [n] -> rows [n, d]), for heads that read tokens (EAGLE).
+    embeddings: Callable[[], Callable[[np.ndarray], np.ndarray]] | None = None
 
 
 TASKS = ("chat", "summarize", "code", "rag")  # the kinds of work the recommender ranks methods for
@@ -199,6 +207,20 @@ def _build_medusa(settings: MedusaSettings, res: DrafterResources) -> Drafter:
     return drafter
 
 
+def _build_eagle(settings: EagleSettings, res: DrafterResources) -> Drafter:
+    if res.head is None or res.embeddings is None:
+        raise SpecDeckError("eagle2 needs a target that gives hidden states and token embeddings, and a trained EAGLE head")
+    head = res.head("eagle", settings.head)
+    layer = res.memory.get(("eagle head", id(head)))
+    if layer is None:
+        layer = res.memory[("eagle head", id(head))] = EagleHead(head, res.embeddings())
+    sizer, gate = res.memory.get(("eagle2", settings)), res.memory.get(("eagle2", settings, "gate"))
+    drafter = EagleDrafter(layer, settings, costs=res.costs(), sizer=sizer, gate=gate)
+    res.memory[("eagle2", settings)] = drafter.sizer  # calibration carries over to the next answer
+    res.memory[("eagle2", settings, "gate")] = drafter.gate  # and so does what running the head paid
+    return drafter
+
+
 def _specinfer_requires(settings: SpecInferSettings) -> frozenset[str]:
     return frozenset({TREE}).union(*(method_spec(n).requires for n in settings.names))
 
@@ -258,6 +280,9 @@ def draft_can_pay(res: DrafterResources) -> bool:
     return res.memory[key]
 
 
+HEAD_ARMS = ("eagle2", "medusa")  # auto's arms that need a trained head, best first
+
+
 def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
     """Arms: prompt lookup, or with a datastore ``rest`` (the conversation as prompt lookup
     searches it, then the datastore where it pays); and when the measured costs leave a draft
@@ -270,7 +295,9 @@ def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
     with both, ``auto`` played REST for 80 of 141 answers on SmolLM2 F16, where REST (ungated then)
     ran 1.6% slower. A merged tree of prompt lookup and the datastore paid 7% less than prompt
     lookup. A draft model that cannot pay is left out: playing it only costs answers, and its
-    prefill doubles the wait for the first token.
+    prefill doubles the wait for the first token. Methods with a trained head for the model
+    (``HEAD_ARMS``) join as arms of their own; each runs its head only where its gate measured
+    that the head pays, so an arm that does not pay here costs little while auto learns that.
     """
     if settings.datastore:
         arms = {"rest": _build_rest(RESTSettings(datastore=settings.datastore), res)}
@@ -280,6 +307,10 @@ def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
         merged = SpecInferSettings(drafters=",".join(["pld", "draft"] + (["rest"] if settings.datastore else [])),
                                    rest_datastore=settings.datastore)
         arms["specinfer:" + merged.drafters] = _build_specinfer(merged, res)
+    for name in HEAD_ARMS:  # a trained head for this model: auto finds out whether it pays here
+        spec = REGISTRY[name]
+        if spec.requires <= res.offers:
+            arms[name] = spec.build(spec.settings(), res)
     selector = res.memory.setdefault(("auto", settings, tuple(arms)), MethodSelector(list(arms)))
     return AutoDrafter(arms, costs=res.costs() or CostModel.from_relative([1.0] * 17), selector=selector)
 
@@ -291,7 +322,8 @@ REGISTRY: dict[str, MethodSpec] = {
         MethodSpec(
             "auto",
             "per prompt, whichever has been fastest here on such prompts: prompt lookup (with a datastore: "
-            "rest), a draft model that can pay here merged with it into one tree, or plain decoding",
+            "rest), a draft model that can pay here merged with it into one tree, a trained head, or plain "
+            "decoding",
             AutoSettings,
             _build_auto,
             requires=frozenset({ROLLBACK}),
@@ -354,6 +386,16 @@ REGISTRY: dict[str, MethodSpec] = {
             # SmolLM2-135M's shipped head: 21% held-out top-1 agreement for the first guess, 10% the second
             prior_acceptance=MappingProxyType({"chat": 0.2, "summarize": 0.2, "code": 0.2, "rag": 0.2}),
             prior_draft=2,
+        ),
+        MethodSpec(
+            "eagle2",
+            "an EAGLE head trained for this model on its own answers runs it ahead in its hidden states "
+            "and drafts a dynamic tree (EAGLE-2; `specdeck train eagle`)",
+            EagleSettings,
+            _build_eagle,
+            requires=frozenset({HIDDEN_STATES, TREE, ROLLBACK, head_requirement("eagle")}),
+            prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.3, "code": 0.3, "rag": 0.3}),
+            prior_draft=3,
         ),
         MethodSpec(
             "specinfer",

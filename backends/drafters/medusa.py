@@ -10,11 +10,10 @@ the ``TreeSizer``'s call (measured verify costs against the predicted gain, cali
 the target accepted); with ``width = 1`` the tree is a chain and needs no tree verify.
 
 Running the heads costs about a tenth of a SmolLM2-135M forward on a CPU (1.3 ms: the four heads'
-rows of the draft vocabulary), which is all loss where drafting does not pay. Whether to run them
-at all is a ``Bandit``'s call (the gate), as ``rest`` decides about its datastore: every step that
-ran them is scored as tokens emitted over its verify and the heads' own time, in forwards,
-against plain decoding's 1. Heads that do not pay on this machine then run only within the
-bandit's exploration share; heads that pay run every step.
+rows of the draft vocabulary), which is all loss where drafting does not pay; whether to run them
+at all, and how many nodes to verify, is ``HeadSteps``' call (a gate and a sizer, shared with
+``eagle2``). Heads that do not pay on this machine then run only within the gate's exploration
+share; heads that pay run every step.
 
 Lossless: every guess is a deterministic proposal (one-hot ``q``), checked by SpecDeck's
 acceptance rules; greedy output is plain decoding's, sampling keeps the target's distribution.
@@ -31,15 +30,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, TreeLedger, TreeSizer, cost_at, drafting_gate
+from backends.core.controller import Bandit, TreeSizer
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.drafters.head_steps import HeadSteps
 from backends.drafters.rest import RankedTree
 from backends.heads.medusa import MedusaHeads
-
-HEADS = "heads"  # the gate's arm: run the heads (its baseline: draft nothing)
-
 
 @dataclass(frozen=True)
 class MedusaSettings:
@@ -91,56 +88,32 @@ class MedusaDrafter:
         self.heads = heads
         self.settings = settings or MedusaSettings()
         self.requires = frozenset({HIDDEN_STATES, ROLLBACK} | ({TREE} if self.settings.width > 1 else set()))
-        costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
-        self.sizer = sizer or TreeSizer(costs, max_nodes=self.settings.max_nodes, prior=0.8)
-        self.gate = gate or drafting_gate(HEADS)
-        self.clock = clock
-        self.head_seconds = 0.0  # time the heads took, over the answer
+        self.steps = HeadSteps(max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, costs=costs,
+                               sizer=sizer, gate=gate, clock=clock)
+        self.sizer, self.gate = self.steps.sizer, self.steps.gate
         self.begin([])
+
+    @property
+    def head_seconds(self) -> float:
+        return self.steps.head_seconds
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         if hidden is not None and hidden.ndim == 2 and hidden.shape[1] != self.heads.d:
             raise SpecDeckError(f"the head reads {self.heads.d}-wide hidden states, the model gives {hidden.shape[1]}")
         self._state = hidden[-1] if hidden is not None and len(hidden) else None  # [d]: the root's parent's
-        self._ledger = TreeLedger()
-        self._predicted = 0.0
-        self._context_len = len(prompt)
-        self.head_seconds = 0.0
-        self._ran: float | None = None  # seconds the heads took this step (None: they did not run)
+        self.steps.begin()
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
-        self._context_len = len(context)
-        self._predicted = 0.0
-        self._ran = None
-        for predicted, matched, bucket in self._ledger.resolve(context):
-            self.sizer.update(predicted, matched, bucket)
-        if self._state is None or budget.max_nodes <= 0 or budget.max_depth <= 0:
+        if not self.steps.open(context, budget, ready=self._state is not None):
             return EMPTY_PROPOSAL
-        if self.settings.adaptive and self.gate.choose() != HEADS:  # the heads have not paid lately
-            return EMPTY_PROPOSAL
-        start = self.clock()
         s = self.settings
         ids, probs = self.heads.top(self._state, s.width)
         limit = min(s.max_nodes, budget.max_nodes)
         tree = rank_medusa(ids, probs, max_nodes=limit, max_depth=budget.max_depth).within_paths(budget.max_paths)
-        self._ran = self.clock() - start
-        self.head_seconds += self._ran
-        n = self.sizer.choose(tree.probs, context=len(context)) if s.adaptive else len(tree.tokens)
-        if n == 0:
-            self._ledger.add(len(context), tree.tokens.tolist(), tree.parents.tolist(), float(tree.probs.sum()))
-            return EMPTY_PROPOSAL
-        self._predicted = float(tree.probs[:n].sum())
-        return tree.proposal(n)
+        return self.steps.propose(tree)
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
-        costs = self.sizer.costs
-        costs.observe(verdict.drafted, self._context_len, out.seconds)
-        if verdict.drafted:
-            self.sizer.update(self._predicted, verdict.accepted)
-        if self._ran is not None:  # score the heads: what this step won, over its verify and their time
-            one = costs.seconds(0, self._context_len)
-            cost = cost_at(costs.relative(self._context_len), verdict.drafted) + (self._ran / one if one > 0 else 0.0)
-            self.gate.update(HEADS, verdict.accepted + 1, cost)
+        self.steps.observe(out, verdict)
         if out.hidden is None:
             raise SpecDeckError("the target returned no hidden states: Medusa heads cannot draft without them")
         self._state = out.hidden[verdict.path[-1] + 1 if verdict.path else 0]

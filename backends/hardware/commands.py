@@ -83,7 +83,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     rt = RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type)
     draft = load_shape(_model_path(args.draft_model)) if args.draft_model and DRAFT_MODEL in spec.requires else None
     shape = load_shape(_model_path(args.model))
-    heads = file_bytes(args.heads) if args.heads else trained_head_bytes(spec, _model_path(args.model))
+    heads = file_bytes(args.heads) if args.heads else trained_head_bytes(spec, _model_path(args.model), rt.n_ctx)
     extra = method_extra(spec, rt.n_ctx, draft=draft, heads_bytes=heads, hidden_size=shape.n_embd,
                          datastore_bytes=file_bytes(args.datastore) if args.datastore else 0)
     report = plan(shape, with_gpu_module(detect_hardware()), rt, extra, gpu_layers=args.n_gpu_layers)

@@ -24,7 +24,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -146,29 +146,42 @@ class Progress:
     step: int
     steps: int
     loss: float
-    agreement: list[float] = field(default_factory=list)  # held-out top-1 per head
+    agreement: list[float] = field(default_factory=list)  # held-out top-1 per draft position
     seconds: float = 0.0
     eta: float = 0.0
 
 
-class MedusaTrainer:
-    """Trains, checkpoints, resumes and exports one Medusa head."""
+class Recipe(Protocol):
+    """What one kind of head brings to ``HeadTrainer``: its torch module and data."""
 
-    def __init__(self, examples: Examples, vocab: np.ndarray, lm_init: np.ndarray, target: ModelFingerprint,
-                 config: MedusaTrainConfig, checkpoint: Path) -> None:
-        torch = self.torch = torch_or_error()
-        torch.manual_seed(config.seed)
-        self.examples, self.vocab, self.target, self.config = examples, vocab, target, config
+    model: Any  # a torch.nn.Module
+    n_train: int  # training items (examples, or sequences); a batch is ``batch`` of them
+    identity: int  # changes when the data does (a checkpoint of other data is not resumed)
+
+    def loss(self, items: np.ndarray, step: int) -> Any:
+        """The scalar loss of training items ``items`` at ``step`` (noise may depend on the step)."""
+
+    def agreement(self) -> list[float]:
+        """Held-out top-1 agreement with the target per draft position (the next conditional on
+        the ones before being right, where the head drafts a chain of its own guesses)."""
+
+    def export(self, state: dict) -> tuple[dict, dict[str, np.ndarray]]:
+        """The head file's config and tensors for module state ``state``."""
+
+
+class HeadTrainer:
+    """Trains, checkpoints, resumes and exports one head of any kind (a ``Recipe``)."""
+
+    def __init__(self, recipe: Recipe, kind: str, target: ModelFingerprint, config: Any, checkpoint: Path) -> None:
+        self.torch = torch_or_error()
+        self.recipe, self.kind, self.target, self.config = recipe, kind, target, config
+        self.model = recipe.model
         self.checkpoint = checkpoint
-        d = examples.states.shape[1]
-        self.model = _module(torch, config.n_heads, d, lm_init, config.train_lm)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        self.train_rows = np.flatnonzero(~examples.held_out)
-        self.test_rows = np.flatnonzero(examples.held_out)[:4096]
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = self.torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.step = 0
         self.steps = 0
         self.best: tuple[float, int, dict] | None = None  # (score, step, weights) of the best evaluation
-        self.weights = torch.tensor([config.decay ** k for k in range(config.n_heads)])
         self._resume()
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -179,8 +192,10 @@ class MedusaTrainer:
         from safetensors.torch import load_file
 
         info = json.loads(meta.read_text())
-        if info.get("config") != self.config.__dict__ or info.get("examples") != len(self.examples.states):
+        if info.get("config") != self.config.__dict__ or info.get("examples") != self.recipe.identity:
             return  # another run's checkpoint: start over
+        if int(info["step"]) >= int(info["steps"]):
+            return  # a finished run: a new command trains anew (to the same head, for the same steps)
         tensors = load_file(str(self.checkpoint))
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         state = self.opt.state_dict()
@@ -210,43 +225,32 @@ class MedusaTrainer:
         save_file(tensors, str(tmp))
         tmp.replace(self.checkpoint)
         write_atomic(self.checkpoint.with_suffix(".json"), json.dumps(
-            {"config": self.config.__dict__, "examples": len(self.examples.states), "step": self.step,
+            {"config": self.config.__dict__, "examples": self.recipe.identity, "step": self.step,
              "steps": self.steps, "best_score": self.best[0] if self.best else None,
              "best_step": self.best[1] if self.best else None}) + "\n")
 
     # -- training ------------------------------------------------------------------------------
     def _batch(self, step: int) -> np.ndarray:
-        """The rows of ``step``: epochs are seeded permutations, so any step's batch is fixed."""
-        per_epoch = max(1, len(self.train_rows) // self.config.batch)
+        """The items of ``step``: epochs are seeded permutations, so any step's batch is fixed."""
+        n, batch = self.recipe.n_train, self.config.batch
+        per_epoch = max(1, n // batch)
         epoch, i = divmod(step, per_epoch)
-        order = np.random.default_rng((self.config.seed, epoch)).permutation(len(self.train_rows))
-        return self.train_rows[order[i * self.config.batch : (i + 1) * self.config.batch]]
+        order = np.random.default_rng((self.config.seed, epoch)).permutation(n)
+        return order[i * batch : (i + 1) * batch]
 
-    def _loss(self, rows: np.ndarray):
-        torch = self.torch
-        x = torch.from_numpy(self.examples.states[rows].astype(np.float32))
-        y = torch.from_numpy(self.examples.targets[rows])
-        logits = self.model(x)  # [N, K, V']
-        per_head = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                                     ignore_index=-1, reduction="none").reshape(y.shape)
-        mask = (y >= 0).float()
-        per_head = (per_head * mask).sum(0) / mask.sum(0).clamp(min=1)
-        return (per_head * self.weights).sum() / self.weights.sum()
+    def _loss(self, items: np.ndarray):
+        return self.recipe.loss(items, self.step)
 
     def agreement(self) -> list[float]:
-        """Held-out top-1 agreement of each head with what the model wrote."""
-        torch = self.torch
-        rows = self.test_rows if len(self.test_rows) else self.train_rows[:2048]
-        with torch.no_grad():
-            logits = self.model(torch.from_numpy(self.examples.states[rows].astype(np.float32)))
-        guess = logits.argmax(-1).numpy()
-        y = self.examples.targets[rows]
-        return [float((guess[y[:, k] >= 0, k] == y[y[:, k] >= 0, k]).mean()) if (y[:, k] >= 0).any() else 0.0
-                for k in range(y.shape[1])]
+        self.model.eval()
+        with self.torch.no_grad():
+            out = self.recipe.agreement()
+        self.model.train()
+        return out
 
     def max_steps(self) -> int:
         """``max_epochs`` passes over the training examples: past that a head only memorizes."""
-        return max(1, int(self.config.max_epochs * len(self.train_rows) / self.config.batch))
+        return max(1, int(self.config.max_epochs * self.recipe.n_train / self.config.batch))
 
     @staticmethod
     def score(agreement: Sequence[float]) -> float:
@@ -269,11 +273,12 @@ class MedusaTrainer:
     def measure_step(self) -> float:
         """Seconds one step takes here (on a scratch copy: training itself is not touched)."""
         torch = self.torch
-        rows = self.train_rows[: self.config.batch]
+        rows = np.arange(min(self.config.batch, self.recipe.n_train))
+        params = [p for p in self.model.parameters() if p.requires_grad]
         start = time.perf_counter()
         for _ in range(3):
             loss = self._loss(rows)
-            grads = torch.autograd.grad(loss, list(self.model.parameters()))
+            grads = torch.autograd.grad(loss, params)
             del grads
         return (time.perf_counter() - start) / 3
 
@@ -282,7 +287,6 @@ class MedusaTrainer:
         """Train to ``steps`` in all (a resumed run keeps the step count it started with)."""
         if self.steps == 0:
             self.steps = min(steps, self.max_steps())
-        torch = self.torch
         start = last_save = last_report = time.perf_counter()
         first = self.step
         loss_avg = math.nan
@@ -293,6 +297,9 @@ class MedusaTrainer:
             loss = self._loss(self._batch(self.step))
             self.opt.zero_grad()
             loss.backward()
+            clip = getattr(self.config, "clip", 0.0)
+            if clip:
+                self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
             self.opt.step()  # Ctrl+C or a kill: the last checkpoint (at most CHECKPOINT_S old) is consistent
             self.step += 1
             agreement = self._evaluate() if self.step % self.config.eval_every == 0 or self.step == self.steps else []
@@ -323,9 +330,55 @@ class MedusaTrainer:
     def export(self, training: dict) -> HeadFile:
         """The best evaluated head (the last state if none was evaluated) as a head file."""
         state = self.best[2] if self.best is not None else self.model.state_dict()
+        config, tensors = self.recipe.export(state)
+        training = dict(training, best_step=self.best[1] if self.best else self.step)
+        return HeadFile(self.kind, config, self.target, tensors, training)
+
+
+class MedusaRecipe:
+    """Medusa-1: K residual heads on one state; examples are answer positions."""
+
+    def __init__(self, examples: Examples, vocab: np.ndarray, lm_init: np.ndarray, config: MedusaTrainConfig) -> None:
+        torch = self.torch = torch_or_error()
+        torch.manual_seed(config.seed)
+        self.examples, self.vocab, self.config = examples, vocab, config
+        self.model = _module(torch, config.n_heads, examples.states.shape[1], lm_init, config.train_lm)
+        self.train_rows = np.flatnonzero(~examples.held_out)
+        self.test_rows = np.flatnonzero(examples.held_out)[:4096]
+        self.n_train = len(self.train_rows)
+        self.identity = len(examples.states)
+        self.weights = torch.tensor([config.decay ** k for k in range(config.n_heads)])
+
+    def loss(self, items: np.ndarray, step: int):
+        torch = self.torch
+        rows = self.train_rows[items]
+        x = torch.from_numpy(self.examples.states[rows].astype(np.float32))
+        y = torch.from_numpy(self.examples.targets[rows])
+        logits = self.model(x)  # [N, K, V']
+        per_head = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                                     ignore_index=-1, reduction="none").reshape(y.shape)
+        mask = (y >= 0).float()
+        per_head = (per_head * mask).sum(0) / mask.sum(0).clamp(min=1)
+        return (per_head * self.weights).sum() / self.weights.sum()
+
+    def agreement(self) -> list[float]:
+        """Held-out top-1 agreement of each head with what the model wrote."""
+        rows = self.test_rows if len(self.test_rows) else self.train_rows[:2048]
+        logits = self.model(self.torch.from_numpy(self.examples.states[rows].astype(np.float32)))
+        guess = logits.argmax(-1).numpy()
+        y = self.examples.targets[rows]
+        return [float((guess[y[:, k] >= 0, k] == y[y[:, k] >= 0, k]).mean()) if (y[:, k] >= 0).any() else 0.0
+                for k in range(y.shape[1])]
+
+    def export(self, state: dict) -> tuple[dict, dict[str, np.ndarray]]:
         tensors = {"blocks.w": state["w"].detach().numpy().astype(np.float16),
                    "blocks.b": state["b"].detach().numpy().astype(np.float16),
                    "lm.weight": state["lm"].detach().numpy().astype(np.float16), "vocab": self.vocab.astype(np.int64)}
-        training = dict(training, best_step=self.best[1] if self.best else self.step)
         config = {"n_heads": self.config.n_heads, "d_model": int(state["w"].shape[1]), "draft_vocab": len(self.vocab)}
-        return HeadFile(KIND, config, self.target, tensors, training)
+        return config, tensors
+
+
+class MedusaTrainer(HeadTrainer):
+    def __init__(self, examples: Examples, vocab: np.ndarray, lm_init: np.ndarray, target: ModelFingerprint,
+                 config: MedusaTrainConfig, checkpoint: Path) -> None:
+        super().__init__(MedusaRecipe(examples, vocab, lm_init, config), KIND, target, config, checkpoint)

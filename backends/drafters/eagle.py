@@ -1,0 +1,207 @@
+"""``eagle2``: an EAGLE head trained for this model drafts a dynamic tree (EAGLE-2) from its states.
+
+The head (``backends.heads.eagle``) reads the target's hidden state and the token that followed,
+and predicts the next state; fed its own predictions it walks ahead one tree level per forward.
+Each step:
+
+1. Catch up: the rows whose true states the last verify returned (the root's and the accepted
+   nodes') go into the head's cache; the last one's output is the root's predicted state.
+2. Grow (EAGLE-2): the root's ``top_k`` likeliest tokens are depth 1. At each further depth the
+   ``expand`` nodes of the last level with the highest chance (the product of the head's
+   probabilities along the path) run through the head in one batch, each attending to the cache
+   and its own ancestors, and each offers its ``top_k`` tokens as children. Growth stops early
+   once no path is likelier than ``min_chance``: on a CPU every level costs a head forward.
+3. Rerank: all grown nodes by chance, best first (a child is never likelier than its parent, so
+   parents come first); how many to verify is ``HeadSteps``' call from the measured cost curve.
+
+The tree's scratch rows are dropped after every step: only states the target computed stay in
+the head's cache, for the accepted prefix only. A step taken without this drafter (``skipped``)
+leaves a gap of positions the head never sees; positions are explicit, so that costs nothing
+but a little context.
+
+Lossless: every node is a deterministic proposal (one-hot ``q``) checked by SpecDeck's acceptance
+rules: greedy output is plain decoding's, and sampling keeps the target's distribution (a
+deterministic candidate is accepted with the target's own probability, and rejected into the
+target's distribution with that token removed).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from backends.core.controller import Bandit, TreeSizer
+from backends.core.costs import CostModel
+from backends.core.errors import SpecDeckError
+from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.drafters.head_steps import HeadSteps
+from backends.drafters.rest import RankedTree
+from backends.heads.eagle import EagleHead
+
+CATCH_UP_CHUNK = 128  # rows the head takes in one forward while catching up
+
+
+@dataclass(frozen=True)
+class EagleSettings:
+    head: str = ""  # a head file (.json) from `specdeck train eagle`; empty: the one found for the model
+    top_k: int = 4  # children each expanded node offers
+    expand: int = 4  # nodes expanded per depth
+    depth: int = 5  # deepest draft level
+    max_nodes: int = 24  # most tree nodes verified in one step
+    context_rows: int = 512  # prompt rows the head reads at the start of an answer (its training window)
+    min_chance: float = 0.05  # grow no deeper once the best path's chance falls below this
+    adaptive: bool = True  # False: always verify max_nodes nodes, run the head every step
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("top_k", 1, 16), ("expand", 1, 16), ("depth", 1, 16), ("max_nodes", 1, 64),
+                                ("context_rows", 1, 1 << 20), ("min_chance", 0.0, 1.0)):
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ValueError(f"{name} must be in {low}..{high}, got {value}")
+
+
+@dataclass
+class _Grown:
+    """The nodes grown so far (list per field, by node index)."""
+
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float]  # log chance of the path
+    depths: list[int]
+    rows: dict[int, int]  # node -> its scratch row in the head's cache (nodes that ran)
+    outs: dict[int, np.ndarray]  # node -> the state it predicted [d]
+
+    def add_children(self, parent: int, log_probs: np.ndarray, vocab: np.ndarray, k: int) -> list[int]:
+        """``parent``'s ``k`` likeliest children under ``log_probs`` [V'] (-1: the root)."""
+        k = min(k, len(log_probs))
+        best = np.argpartition(-log_probs, k - 1)[:k]
+        best = best[np.argsort(-log_probs[best], kind="stable")]
+        base = self.scores[parent] if parent >= 0 else 0.0
+        depth = self.depths[parent] + 1 if parent >= 0 else 1
+        made = []
+        for j in best:
+            made.append(len(self.tokens))
+            self.tokens.append(int(vocab[j]))
+            self.parents.append(parent)
+            self.scores.append(base + float(log_probs[j]))
+            self.depths.append(depth)
+        return made
+
+    def ancestors(self, node: int) -> list[int]:
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out
+
+    def ranked(self, max_nodes: int, max_depth: int) -> RankedTree:
+        """The ``max_nodes`` likeliest nodes no deeper than ``max_depth``, best first, parents first."""
+        keep = [i for i in range(len(self.tokens)) if self.depths[i] <= max_depth]
+        keep.sort(key=lambda i: (-self.scores[i], self.depths[i], i))
+        keep = keep[:max_nodes]
+        new = {old: n for n, old in enumerate(keep)}
+        parents = [new.get(self.parents[i], -1) if self.parents[i] >= 0 else -1 for i in keep]
+        if any(self.parents[i] >= 0 and self.parents[i] not in new for i in keep):
+            raise AssertionError("a ranked node's parent fell out of the ranking")
+        return RankedTree(np.array([self.tokens[i] for i in keep], np.int32), np.array(parents, np.int32),
+                          np.exp(np.array([self.scores[i] for i in keep], np.float64)))
+
+
+class EagleDrafter:
+    """Drafts EAGLE-2 trees from one head; keeps the head's cache of true states across steps."""
+
+    def __init__(self, head: EagleHead, settings: EagleSettings | None = None, *,
+                 costs: CostModel | None = None, sizer: TreeSizer | None = None, gate: Bandit | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.head = head
+        self.settings = settings or EagleSettings()
+        self.requires = frozenset({HIDDEN_STATES, ROLLBACK, TREE})
+        self.steps = HeadSteps(max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, costs=costs,
+                               sizer=sizer, gate=gate, clock=clock)
+        self.sizer, self.gate = self.steps.sizer, self.steps.gate
+        self.clock = clock
+        self.cache = head.new_cache()
+        self.begin([])
+
+    @property
+    def head_seconds(self) -> float:
+        return self.steps.head_seconds
+
+    def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
+        if hidden is not None and hidden.ndim == 2 and len(hidden) and hidden.shape[1] != self.head.d:
+            raise SpecDeckError(f"the EAGLE head reads {self.head.d}-wide hidden states, the model gives {hidden.shape[1]}")
+        self.cache.reset()
+        self.steps.begin()
+        self._frontier: tuple[int, np.ndarray] | None = None  # (position, the state its row predicted)
+        self._root = len(prompt) - 1
+        # pending rows: (feature [d], next token, position); the prompt's last rows, row t = (f_t, x_{t+1})
+        n = 0 if hidden is None else min(len(hidden), len(prompt) - 1)
+        first = max(0, n - self.settings.context_rows)
+        self._pending = [(hidden[t], int(prompt[t + 1]), t) for t in range(first, n)]
+
+    def _catch_up(self) -> None:
+        """Run the pending rows (true states) into the cache; the last one's output is the frontier."""
+        while self._pending:
+            rows, self._pending = self._pending[:CATCH_UP_CHUNK], self._pending[CATCH_UP_CHUNK:]
+            feats = np.stack([r[0] for r in rows]).astype(np.float32)  # [n, d]
+            tokens = np.array([r[1] for r in rows], np.int64)
+            positions = np.array([r[2] for r in rows], np.int64)
+            out = self.head.forward(feats, tokens, positions, self.cache, np.tril(np.ones((len(rows),) * 2, bool)))
+            self.cache.commit()
+            self._frontier = (int(positions[-1]), out[-1])
+
+    def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
+        self._root = len(context) - 1
+        known = bool(self._pending) and self._pending[-1][2] == self._root - 1
+        ready = known or (self._frontier is not None and self._frontier[0] == self._root - 1)
+        if not self.steps.open(context, budget, ready=ready):
+            return EMPTY_PROPOSAL
+        self._catch_up()
+        tree = self._grow(budget)
+        self.cache.drop_scratch()
+        return self.steps.propose(tree)
+
+    def _grow(self, budget: Budget) -> RankedTree:
+        """The EAGLE-2 tree after the root (see the module docstring), ranked."""
+        s, head = self.settings, self.head
+        base, state = self._frontier
+        grown = _Grown([], [], [], [], {}, {})
+        level = grown.add_children(-1, head.log_probs(state[None])[0], head.vocab, s.top_k)
+        max_depth = min(s.depth, budget.max_depth)
+        floor = np.log(s.min_chance) if s.min_chance > 0 else -np.inf
+        for depth in range(2, max_depth + 1):
+            chosen = [i for i in sorted(level, key=lambda i: -grown.scores[i])[: s.expand] if grown.scores[i] >= floor]
+            if not chosen:  # nothing this unlikely would be verified: save the head's forwards
+                break
+            feats = np.stack([grown.outs[grown.parents[i]] if grown.parents[i] >= 0 else state for i in chosen])
+            first = self.cache.length - self.cache.committed  # scratch row of the first chosen node
+            for j, node in enumerate(chosen):
+                grown.rows[node] = first + j
+            visible = np.zeros((len(chosen), first + len(chosen)), bool)
+            for j, node in enumerate(chosen):
+                visible[j, [grown.rows[a] for a in grown.ancestors(node)]] = True
+            tokens = np.array([grown.tokens[i] for i in chosen], np.int64)
+            out = head.forward(feats, tokens, np.full(len(chosen), base + depth - 1, np.int64), self.cache, visible)
+            log_probs = head.log_probs(out)  # [len(chosen), V']
+            level = []
+            for j, node in enumerate(chosen):
+                grown.outs[node] = out[j]
+                level += grown.add_children(node, log_probs[j], head.vocab, s.top_k)
+        limit = min(s.max_nodes, budget.max_nodes)
+        return grown.ranked(limit, max_depth).within_paths(budget.max_paths)
+
+    def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        self.steps.observe(out, verdict)
+        if out.hidden is None:
+            raise SpecDeckError("the target returned no hidden states: an EAGLE head cannot draft without them")
+        rows = [0] + [i + 1 for i in verdict.path]  # the root's and each accepted node's state
+        for k, (row, token) in enumerate(zip(rows, verdict.tokens)):
+            self._pending.append((out.hidden[row], int(token), self._root + k))
+
+    def skipped(self, tokens: Sequence[int]) -> None:
+        """Not asked this step: the states of what it emitted are unknown; the next verify brings
+        the new root's, and the head goes on from there (a gap in its cache)."""
+        self._frontier = None

@@ -1,0 +1,196 @@
+"""EAGLE heads: the numpy layer against its torch twin, the EAGLE-2 drafter, training.
+
+Oracle tier: exact losslessness (chains and trees, a repetition penalty, many seeds) with a head
+trained by the real training code on the oracle's own answers; the drafter's head cache (catching
+up incrementally, scratch rows dropped) against one full forward. The real tier (SmolLM2 with the
+shipped head) lives in test_real_models.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from backends.core.engine import generate
+from backends.core.sampling import target_distribution
+from backends.core.types import Budget, GenerationSettings, SamplingSettings, TargetLimits
+from backends.drafters.eagle import EagleDrafter, EagleSettings
+from backends.heads.eagle import EagleHead, EagleShape
+from backends.heads.files import HeadFile, ModelFingerprint
+from tests.oracle import OracleTarget
+from tests.test_engine import COSTS, plain_greedy
+from tests.test_heads import oracle_prompt, record_oracle
+
+torch = pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
+
+VOCAB, WIDE = 32, 24
+FAKE_MODEL = ModelFingerprint("oracle", "oracle", "F32", 1, WIDE, VOCAB, "0" * 16)
+SHAPE = EagleShape(d=WIDE, n_head=4, n_kv_head=2, head_dim=6, d_ff=32, draft_vocab=VOCAB)
+TABLE = np.random.default_rng(11).normal(size=(VOCAB, WIDE)).astype(np.float32)
+
+
+def embed(tokens: np.ndarray) -> np.ndarray:
+    return TABLE[np.asarray(tokens)]
+
+
+def random_head(seed: int = 0) -> HeadFile:
+    """A head with random weights in every tensor (the torch module's init is near identity)."""
+    from backends.heads.eagle_training import eagle_module
+
+    torch.manual_seed(seed)
+    model = eagle_module(torch, SHAPE, np.random.default_rng(seed).normal(size=(VOCAB, WIDE)).astype(np.float32))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    tensors = {("lm.weight" if k == "lm" else k): v.numpy().astype(np.float16) for k, v in model.state_dict().items()}
+    model.load_state_dict({k: torch.from_numpy(tensors["lm.weight" if k == "lm" else k].astype(np.float32))
+                           for k in model.state_dict()})  # both sides hold the float16-rounded weights
+    tensors["vocab"] = np.arange(VOCAB, dtype=np.int64)
+    return HeadFile("eagle", SHAPE.config(), FAKE_MODEL, tensors, {}), model
+
+
+def test_numpy_layer_equals_its_torch_twin_in_forward_and_chains():
+    head_file, model = random_head()
+    head = EagleHead(head_file, embed)
+    rng = np.random.default_rng(1)
+    L = 20
+    feats = rng.normal(size=(L, WIDE)).astype(np.float32)
+    tokens = rng.integers(0, VOCAB, size=L)
+    positions = np.arange(5, 5 + L)
+    cache = head.new_cache()
+    ours = head.forward(feats, tokens, positions, cache, np.tril(np.ones((L, L), bool)))
+    emb = torch.from_numpy(embed(tokens))[None]
+    preds = model.chain(emb, torch.from_numpy(feats)[None], torch.from_numpy(positions)[None], 3)
+    np.testing.assert_allclose(ours, preds[0][0].detach().numpy(), rtol=1e-4, atol=1e-4)
+    # depth 2 and 3 of the chain from row t, as the drafter runs them over the committed rows 0..t
+    t = 11
+    cache = head.new_cache()
+    head.forward(feats[: t + 1], tokens[: t + 1], positions[: t + 1], cache, np.tril(np.ones((t + 1,) * 2, bool)))
+    cache.commit()
+    state = ours[t]
+    for level in (1, 2):
+        state = head.forward(state[None], tokens[t + level: t + level + 1], positions[t:t + 1] + level, cache,
+                             np.ones((1, level), bool))[0]
+        np.testing.assert_allclose(state, preds[level][0, t].detach().numpy(), rtol=1e-4, atol=1e-4)
+    cache.drop_scratch()
+    assert cache.length == cache.committed == t + 1
+
+
+def test_catching_up_row_by_row_equals_one_forward():
+    head_file, _ = random_head(3)
+    head = EagleHead(head_file, embed)
+    rng = np.random.default_rng(2)
+    feats = rng.normal(size=(9, WIDE)).astype(np.float32)
+    tokens = rng.integers(0, VOCAB, size=9)
+    whole = head.forward(feats, tokens, np.arange(9), head.new_cache(), np.tril(np.ones((9, 9), bool)))
+    cache = head.new_cache()
+    for i in range(9):
+        row = head.forward(feats[i:i + 1], tokens[i:i + 1], np.arange(i, i + 1), cache, np.ones((1, 1), bool))
+        cache.commit()
+        np.testing.assert_allclose(row[0], whole[i], rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def oracle_eagle(tmp_path_factory) -> HeadFile:
+    """An EAGLE head trained with torch on the oracle's own answers (the real training code)."""
+    from backends.heads.eagle_training import EagleTrainConfig, EagleTrainer, eagle_sequences
+    from backends.heads.training import draft_vocabulary
+
+    oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
+    rng = np.random.default_rng(0)
+    samples = record_oracle(oracle, [rng.integers(0, VOCAB, size=12).tolist() for _ in range(60)], 40)
+    config = EagleTrainConfig(draft_vocab=VOCAB, lr=1e-2, batch=8, chunk=48, eval_every=40, max_epochs=60, noise=0.05,
+                              train_lm=True)
+    vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
+    data = eagle_sequences(samples, vocab, VOCAB, config.chunk, embed)
+    lm = np.random.default_rng(5).normal(size=(VOCAB, WIDE)) * 0.3
+    trainer = EagleTrainer(data, vocab, lm.astype(np.float32), SHAPE, FAKE_MODEL, config,
+                           tmp_path_factory.mktemp("ckpt") / "e.safetensors")
+    result = trainer.run(240)
+    assert result.agreement[0] > 3 / VOCAB, f"depth 1 learned nothing: {result.agreement}"
+    return trainer.export({"test": True})
+
+
+@pytest.mark.parametrize("top_k,expand", [(1, 1), (3, 2)], ids=["chain", "tree"])
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_eagle2_greedy_equals_plain_greedy_on_the_oracle(oracle_eagle, top_k, expand, penalty):
+    head = EagleHead(oracle_eagle, embed)
+    sampling = SamplingSettings(repeat_penalty=penalty)
+    settings = GenerationSettings(max_new_tokens=48, sampling=sampling)
+    accepted = 0
+    for seed in range(12):
+        oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
+        prompt = oracle_prompt(100 + seed)
+        drafter = EagleDrafter(head, EagleSettings(top_k=top_k, expand=expand, depth=4, max_nodes=12, adaptive=False),
+                               costs=COSTS)
+        finished = list(generate(oracle, drafter, prompt, settings, method="eagle2"))[-1]
+        assert list(finished.tokens) == plain_greedy(oracle, prompt, 48, sampling), f"seed {seed} diverged"
+        assert finished.stats.forwards == oracle.verify_calls
+        accepted += finished.stats.accepted
+    assert accepted > 48, f"the trained head had only {accepted} guesses accepted over 12 answers"
+
+
+def chi_square(counts: np.ndarray, p: np.ndarray) -> tuple[float, int]:
+    """Pearson's statistic, cells expecting under 5 pooled; and its degrees of freedom."""
+    expected = p * counts.sum()
+    assert counts[expected == 0].sum() == 0, "a token the target never samples was emitted"
+    big = expected >= 5
+    chi2 = float(((counts[big] - expected[big]) ** 2 / expected[big]).sum())
+    rest = expected[~big].sum()
+    if rest > 0:
+        chi2 += float((counts[~big].sum() - rest) ** 2 / rest)
+    return chi2, int(big.sum()) + (rest > 0) - 1
+
+
+def test_eagle2_sampling_keeps_the_target_distribution(oracle_eagle):
+    """The first and second tokens after a fixed prompt, sampled many times through the engine with
+    EAGLE-2 trees, follow the oracle's exact distributions (the second: its marginal over the first)."""
+    head = EagleHead(oracle_eagle, embed)
+    prompt = oracle_prompt(3)
+    truth = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
+    plain = SamplingSettings(temperature=1.0)
+
+    def p(history: list[int]) -> np.ndarray:
+        return target_distribution(truth.logits_for(history), history, plain)
+
+    p1 = p(prompt)
+    p2 = sum(p1[x] * p(prompt + [x]) for x in range(VOCAB))
+    counts = np.zeros((2, VOCAB))
+    accepted = 0
+    for seed in range(800):
+        oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
+        drafter = EagleDrafter(head, EagleSettings(top_k=3, expand=2, depth=3, max_nodes=8, adaptive=False), costs=COSTS)
+        sampling = SamplingSettings(temperature=1.0, seed=seed)
+        finished = list(generate(oracle, drafter, prompt, GenerationSettings(max_new_tokens=2, sampling=sampling)))[-1]
+        counts[0, finished.tokens[0]] += 1
+        counts[1, finished.tokens[1]] += 1
+        accepted += finished.stats.accepted
+    assert accepted > 25, f"only {accepted} drafted tokens accepted: the test would not exercise the trees"
+    for k, exact in enumerate((p1, p2)):
+        chi2, dof = chi_square(counts[k], exact)
+        assert chi2 < dof + 5 * np.sqrt(2 * dof), f"token {k + 1}: chi2 {chi2:.1f} for {dof} degrees of freedom"
+
+
+def test_the_drafter_skips_until_it_knows_the_root_state(oracle_eagle):
+    head = EagleHead(oracle_eagle, embed)
+    drafter = EagleDrafter(head, EagleSettings(adaptive=False), costs=COSTS)
+    drafter.begin([1, 2, 3], np.zeros((2, WIDE), np.float32))
+    budget = Budget.for_step(TargetLimits(max_batch=64, max_paths=8), room=100, wanted=100)
+    assert drafter.propose([1, 2, 3], budget).size > 0
+    drafter.skipped([4, 5])
+    assert drafter.propose([1, 2, 3, 4, 5], budget).size == 0  # the state after 4 is unknown
+
+
+def test_the_fit_estimator_counts_the_eagle_head_and_its_cache(tmp_path, monkeypatch, smollm_q4_path):
+    from backends.drafters import method_spec
+    from backends.hardware.fit import trained_head_bytes
+
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr("backends.heads.files.SHIPPED", tmp_path / "none")
+    spec = method_spec("eagle2")
+    assert trained_head_bytes(spec, smollm_q4_path, 4096) == 0  # none trained yet
+    head, _ = random_head()
+    HeadFile("eagle", head.config, ModelFingerprint.of(smollm_q4_path), head.tensors).save(tmp_path / "heads" / "s.eagle")
+    weights = (tmp_path / "heads" / "s.eagle.safetensors").stat().st_size
+    cache = 4096 * 2 * SHAPE.n_kv_head * SHAPE.head_dim * 4
+    assert trained_head_bytes(spec, smollm_q4_path, 4096) == 2 * weights + cache
