@@ -68,25 +68,26 @@ class EagleShape:
 
 
 class HeadCache:
-    """The head's keys and values: ``committed`` rows of true features, then scratch rows."""
+    """The head's keys and values: ``committed`` rows of true features, then scratch rows.
+
+    Stored per KV head ([H_kv, rows, hd]) so a query block multiplies one contiguous matrix."""
 
     def __init__(self, n_kv_head: int, head_dim: int, capacity: int = 256) -> None:
-        self.k = np.zeros((capacity, n_kv_head, head_dim), np.float32)
+        self.k = np.zeros((n_kv_head, capacity, head_dim), np.float32)
         self.v = np.zeros_like(self.k)
         self.committed = 0
         self.length = 0
 
-    def append(self, k: np.ndarray, v: np.ndarray) -> int:
-        """Add rows [n, H_kv, hd] after the last one; returns the index of the first."""
+    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Add rows (k, v [n, H_kv, hd]) after the last one."""
         n = len(k)
-        if self.length + n > len(self.k):
-            grow = max(len(self.k) * 2, self.length + n)
-            self.k = np.concatenate([self.k, np.zeros((grow - len(self.k),) + self.k.shape[1:], np.float32)])
-            self.v = np.concatenate([self.v, np.zeros((grow - len(self.v),) + self.v.shape[1:], np.float32)])
-        first = self.length
-        self.k[first:first + n], self.v[first:first + n] = k, v
+        if self.length + n > self.k.shape[1]:
+            grow = max(self.k.shape[1] * 2, self.length + n)
+            pad = ((0, 0), (0, grow - self.k.shape[1]), (0, 0))
+            self.k, self.v = np.pad(self.k, pad), np.pad(self.v, pad)
+        self.k[:, self.length:self.length + n] = k.transpose(1, 0, 2)
+        self.v[:, self.length:self.length + n] = v.transpose(1, 0, 2)
         self.length += n
-        return first
 
     def commit(self) -> None:
         """Every row so far holds a true feature (rows are committed before any scratch is added)."""
@@ -156,18 +157,17 @@ class EagleHead:
         k = rope(qkv[:, hq:hq + hk].reshape(n, s.n_kv_head, s.head_dim), positions, s.rope_theta)
         v = qkv[:, hq + hk:].reshape(n, s.n_kv_head, s.head_dim)
         cache.append(k, v)
-        keys, values = cache.k[:cache.length], cache.v[:cache.length]  # [T, H_kv, hd]
-        allowed = np.zeros((n, cache.length), bool)
-        allowed[:, :cache.committed] = True
-        allowed[:, cache.committed:cache.length] = visible
         group = s.n_head // s.n_kv_head
-        qg = q.reshape(n, s.n_kv_head, group, s.head_dim)
-        scores = np.einsum("nkgd,tkd->kgnt", qg, keys) / np.sqrt(s.head_dim)  # [H_kv, g, n, T]
-        scores = np.where(allowed[None, None], scores, -np.inf)
+        keys, values = cache.k[:, :cache.length], cache.v[:, :cache.length]  # [H_kv, T, hd]
+        # [H_kv, group * n, hd]: the query heads that share a KV head, one block per KV head
+        qg = q.reshape(n, s.n_kv_head, group, s.head_dim).transpose(1, 2, 0, 3).reshape(s.n_kv_head, group * n, -1)
+        scores = qg @ keys.transpose(0, 2, 1) * (1.0 / np.sqrt(s.head_dim))  # [H_kv, group * n, T]
+        hidden = np.tile(~visible, (group, 1))  # [group * n, scratch rows]: committed rows are all seen
+        scores[:, :, cache.committed:][:, hidden] = -np.inf
         scores -= scores.max(-1, keepdims=True)
-        weights = np.exp(scores)
-        weights /= weights.sum(-1, keepdims=True)
-        attn = np.einsum("kgnt,tkd->nkgd", weights, values).reshape(n, hq)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(-1, keepdims=True)
+        attn = (scores @ values).reshape(s.n_kv_head, group, n, s.head_dim).transpose(2, 0, 1, 3).reshape(n, hq)
         h = x + attn @ self.o_t
         gu = rms_norm(h, self.ffn_norm, s.eps) @ self.gate_up_t
         g, u = gu[:, :s.d_ff], gu[:, s.d_ff:]
