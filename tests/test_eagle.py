@@ -194,3 +194,16 @@ def test_the_fit_estimator_counts_the_eagle_head_and_its_cache(tmp_path, monkeyp
     weights = (tmp_path / "heads" / "s.eagle.safetensors").stat().st_size
     cache = 4096 * 2 * SHAPE.n_kv_head * SHAPE.head_dim * 4
     assert trained_head_bytes(spec, smollm_q4_path, 4096) == 2 * weights + cache
+
+
+def test_a_head_could_pay_only_where_verifying_is_cheap_enough():
+    from backends.core.costs import CostModel
+    from backends.drafters.head_steps import chain_tokens, could_pay
+
+    assert chain_tokens([0.5, 0.4], 2) == pytest.approx(1.7)
+    assert chain_tokens([0.5, 0.4], 1) == pytest.approx(1.5)
+    flat = CostModel.from_relative([1.0 + 0.02 * k for k in range(17)])
+    steep = CostModel.from_relative([1.0] + [1.86 + 0.1 * k for k in range(16)])
+    assert could_pay([0.35, 0.25], flat, lambda depth: 0.05 * depth)
+    assert not could_pay([0.35, 0.25], steep, lambda depth: 0.05 * depth)
+    assert not could_pay([0.35, 0.25], flat, lambda depth: 1.0 * depth)  # a head as dear as the model

@@ -127,18 +127,17 @@ def _cheap_draft(session, monkeypatch, share: float = 0.05) -> None:
     monkeypatch.setattr(session, "_draft_costs", CostModel({64: [one * share * (1 + k / 8) for k in range(65)]}))
 
 
-def head_arms(session) -> list[str]:
-    """auto's arms for the trained heads the session has (the shipped ones for SmolLM2)."""
-    from backends.drafters import HEAD_ARMS, method_spec
+def plain_arms(auto) -> list[str]:
+    """auto's arms less the trained-head methods (whether those join depends on the machine)."""
+    from backends.drafters import HEAD_ARMS
 
-    return [name for name in HEAD_ARMS if method_spec(name).requires <= session.offers]
+    return [a for a in auto.arms if a not in HEAD_ARMS]
 
 
 def test_auto_and_specinfer_leave_out_a_draft_model_that_cannot_pay(smollm_session, monkeypatch):
     # a draft forward that costs as much as a target one cannot pay even if every guess is right
     _cheap_draft(smollm_session, monkeypatch, share=1.0)
-    heads = head_arms(smollm_session)
-    assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld", *heads]
+    assert plain_arms(smollm_session.drafter("auto", SamplingSettings())) == ["pld"]
     # chosen explicitly, specinfer leaves it out too: prompt lookup drafts alone, and the draft model
     # is not even prefilled (forced with adaptive=False, it stays)
     alone = smollm_session.drafter("specinfer", SamplingSettings())
@@ -150,10 +149,10 @@ def test_auto_and_specinfer_leave_out_a_draft_model_that_cannot_pay(smollm_sessi
     _cheap_draft(smollm_session, monkeypatch, share=0.05)
     both = smollm_session.drafter("specinfer", SamplingSettings())
     assert len(both.drafters) == 2 and not both.playing
-    assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld", "specinfer:pld,draft", *heads]
+    assert plain_arms(smollm_session.drafter("auto", SamplingSettings())) == ["pld", "specinfer:pld,draft"]
     for _ in range(50):  # decided once per pair of cost models: drift does not reshuffle auto's arms
         smollm_session.draft_cost_model().observe(0, 64, 10.0)
-    assert list(smollm_session.drafter("auto", SamplingSettings()).arms) == ["pld", "specinfer:pld,draft", *heads]
+    assert plain_arms(smollm_session.drafter("auto", SamplingSettings())) == ["pld", "specinfer:pld,draft"]
 
 
 def test_auto_arms_are_prompt_lookup_or_rest_and_a_draft_model_merged(smollm_session, smollm_q4_path, tmp_path, monkeypatch):
@@ -162,22 +161,21 @@ def test_auto_arms_are_prompt_lookup_or_rest_and_a_draft_model_merged(smollm_ses
     from tests.test_rest import _text_store
 
     _cheap_draft(smollm_session, monkeypatch)
-    heads = head_arms(smollm_session)
-    assert heads == ["eagle2", "medusa"]  # the shipped heads
     auto = smollm_session.drafter("auto", SamplingSettings())
-    assert isinstance(auto, AutoDrafter) and list(auto.arms) == ["pld", "specinfer:pld,draft", *heads]
+    assert isinstance(auto, AutoDrafter) and plain_arms(auto) == ["pld", "specinfer:pld,draft"]
     merged = auto.arms["specinfer:pld,draft"]
     assert [type(d).__name__ for d in merged.drafters] == ["PLDDrafter", "DraftModelDrafter"]
     store = _text_store(tmp_path, smollm_session)
-    arms = smollm_session.drafter("auto", SamplingSettings(), datastore=store).arms
-    assert list(arms) == ["rest", "specinfer:pld,draft,rest", *heads]  # rest in prompt lookup's place
+    with_store = smollm_session.drafter("auto", SamplingSettings(), datastore=store)
+    arms = with_store.arms
+    assert plain_arms(with_store) == ["rest", "specinfer:pld,draft,rest"]  # rest in prompt lookup's place
     assert arms["rest"].conversation is not None  # REST searches the conversation before the datastore
     with_rest = arms["specinfer:pld,draft,rest"]
     assert [type(d).__name__ for d in with_rest.drafters] == ["PLDDrafter", "RESTDrafter", "DraftModelDrafter"]  # free ones first
     assert with_rest.drafters[1].conversation is None  # pld searches the conversation once, not twice
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as alone:
-        assert list(alone.drafter("auto", SamplingSettings()).arms) == ["pld", *heads]
-        assert list(alone.drafter("auto", SamplingSettings(), datastore=store).arms) == ["rest", *heads]
+        assert plain_arms(alone.drafter("auto", SamplingSettings())) == ["pld"]
+        assert plain_arms(alone.drafter("auto", SamplingSettings(), datastore=store)) == ["rest"]
 
 
 def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session, monkeypatch):
@@ -275,3 +273,20 @@ def test_a_lone_proposal_is_verified_as_its_drafter_sized_it():
                    Verdict(path=(0, 1), tokens=(5, 6, 3), drafted=4, draft_depth=4))
     assert sure.seen.path == (0, 1) and sure.seen.drafted == 4
     assert silent.seen.drafted == 0 and silent.seen.tokens == (5, 6, 3)
+
+
+def test_auto_plays_a_trained_head_only_where_it_could_pay(smollm_session, monkeypatch):
+    """The shipped heads join auto's arms where verifying more rows costs little next to a
+    forward (a GPU), and stay out where it costs nearly double (these 2 CPU cores)."""
+    from backends.core.costs import CostModel
+
+    def arms_with(relative: list[float], forward_s: float) -> list[str]:
+        monkeypatch.setattr(smollm_session, "_costs", CostModel({16: [forward_s * r for r in relative]}))
+        return list(smollm_session.drafter("auto", SamplingSettings()).arms)
+
+    gpu_like = arms_with([1.0 + 0.01 * k for k in range(65)], forward_s=1.0)
+    assert "eagle2" in gpu_like and "medusa" in gpu_like
+    steep = arms_with([1.0] + [2.0 + 0.3 * k for k in range(64)], forward_s=1.0)
+    assert "eagle2" not in steep and "medusa" not in steep
+    drafter = smollm_session.drafter("auto", SamplingSettings())
+    assert drafter.requires == frozenset().union(*(d.requires for d in drafter.arms.values()))

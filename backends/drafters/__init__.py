@@ -26,6 +26,7 @@ from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.eagle import EagleDrafter, EagleSettings
+from backends.drafters.head_steps import could_pay
 from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
 from backends.drafters.medusa import MedusaDrafter, MedusaSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
@@ -123,6 +124,12 @@ class MethodSpec:
     datastore_required: bool = False
     # What a session must offer for these settings; ``requires`` is the answer for the defaults.
     requires_for: Callable[[Any], frozenset[str]] | None = None
+
+    @property
+    def head_kind(self) -> str | None:
+        """The kind of trained head the method needs ("eagle"), if any."""
+        kinds = sorted(r[len(HEAD_PREFIX):] for r in self.requires if r.startswith(HEAD_PREFIX))
+        return kinds[0] if kinds else None
 
     def requirements(self, settings: Any) -> frozenset[str]:
         return self.requires if self.requires_for is None else self.requires_for(settings)
@@ -283,6 +290,25 @@ def draft_can_pay(res: DrafterResources) -> bool:
 HEAD_ARMS = ("eagle2", "medusa")  # auto's arms that need a trained head, best first
 
 
+def head_can_pay(name: str, res: DrafterResources) -> bool:
+    """Whether method ``name``'s trained head could pay on this machine (``head_steps.could_pay``:
+    its recorded held-out agreement, the measured verify costs and the head's own time, timed
+    once per head). Needs the session to offer what the method requires, a head at hand, and
+    measured costs."""
+    spec = method_spec(name)
+    costs = res.costs()
+    if not spec.requires <= res.offers or costs is None:
+        return False
+    key = ("head can pay", name, costs)
+    if key not in res.memory:
+        drafter = spec.build(spec.settings(adaptive=False), res)
+        head = res.head(spec.head_kind, "")
+        agreement = [float(a) for a in head.training.get("agreement", [])]
+        one = costs.seconds(0, costs.contexts[0])
+        res.memory[key] = bool(agreement) and could_pay(agreement, costs, drafter.head_forwards(one))
+    return res.memory[key]
+
+
 def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
     """Arms: prompt lookup, or with a datastore ``rest`` (the conversation as prompt lookup
     searches it, then the datastore where it pays); and when the measured costs leave a draft
@@ -295,9 +321,11 @@ def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
     with both, ``auto`` played REST for 80 of 141 answers on SmolLM2 F16, where REST (ungated then)
     ran 1.6% slower. A merged tree of prompt lookup and the datastore paid 7% less than prompt
     lookup. A draft model that cannot pay is left out: playing it only costs answers, and its
-    prefill doubles the wait for the first token. Methods with a trained head for the model
-    (``HEAD_ARMS``) join as arms of their own; each runs its head only where its gate measured
-    that the head pays, so an arm that does not pay here costs little while auto learns that.
+    prefill doubles the wait for the first token.
+    A method with a trained head for the model (``HEAD_ARMS``) joins when ``head_can_pay`` says
+    it could beat plain decoding here; otherwise trying it would only cost answers, and the
+    prompt's hidden states it reads make every answer's prefill compute logits for every row
+    (1.28x the time to first token on SmolLM2 F16), whichever arm then played.
     """
     if settings.datastore:
         arms = {"rest": _build_rest(RESTSettings(datastore=settings.datastore), res)}
@@ -307,10 +335,9 @@ def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
         merged = SpecInferSettings(drafters=",".join(["pld", "draft"] + (["rest"] if settings.datastore else [])),
                                    rest_datastore=settings.datastore)
         arms["specinfer:" + merged.drafters] = _build_specinfer(merged, res)
-    for name in HEAD_ARMS:  # a trained head for this model: auto finds out whether it pays here
-        spec = REGISTRY[name]
-        if spec.requires <= res.offers:
-            arms[name] = spec.build(spec.settings(), res)
+    for name in HEAD_ARMS:
+        if head_can_pay(name, res):
+            arms[name] = method_spec(name).build(method_spec(name).settings(), res)
     selector = res.memory.setdefault(("auto", settings, tuple(arms)), MethodSelector(list(arms)))
     return AutoDrafter(arms, costs=res.costs() or CostModel.from_relative([1.0] * 17), selector=selector)
 
@@ -322,8 +349,7 @@ REGISTRY: dict[str, MethodSpec] = {
         MethodSpec(
             "auto",
             "per prompt, whichever has been fastest here on such prompts: prompt lookup (with a datastore: "
-            "rest), a draft model that can pay here merged with it into one tree, a trained head, or plain "
-            "decoding",
+            "rest), a draft model that can pay here merged with it into one tree, or plain decoding",
             AutoSettings,
             _build_auto,
             requires=frozenset({ROLLBACK}),

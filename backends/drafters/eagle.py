@@ -37,7 +37,7 @@ from backends.core.controller import Bandit, TreeSizer
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
-from backends.drafters.head_steps import HeadSteps
+from backends.drafters.head_steps import HeadSteps, median_seconds
 from backends.drafters.rest import RankedTree
 from backends.heads.eagle import EagleHead
 
@@ -130,6 +130,20 @@ class EagleDrafter:
     def head_seconds(self) -> float:
         return self.steps.head_seconds
 
+    def head_forwards(self, seconds_per_forward: float) -> Callable[[int], float]:
+        """The head's time per step in target forwards, by chain depth: the catch-up forward and one
+        more per depth past the first, each with its draft-vocabulary logits (timed on a scratch
+        cache, one row: a chain)."""
+        cache, head = self.head.new_cache(), self.head
+        feats, tokens, where = np.zeros((1, head.d), np.float32), head.vocab[:1], np.zeros(1, np.int64)
+
+        def forward() -> None:
+            head.log_probs(head.forward(feats, tokens, where, cache, np.ones((1, 1), bool)))
+            cache.reset()
+
+        once = median_seconds(forward)
+        return lambda depth: depth * once / seconds_per_forward
+
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         if hidden is not None and hidden.ndim == 2 and len(hidden) and hidden.shape[1] != self.head.d:
             raise SpecDeckError(f"the EAGLE head reads {self.head.d}-wide hidden states, the model gives {hidden.shape[1]}")
@@ -160,8 +174,10 @@ class EagleDrafter:
         if not self.steps.open(context, budget, ready=ready):
             return EMPTY_PROPOSAL
         self._catch_up()
-        tree = self._grow(budget)
-        self.cache.drop_scratch()
+        try:
+            tree = self._grow(budget)
+        finally:
+            self.cache.drop_scratch()  # only the model's own states may stay
         return self.steps.propose(tree)
 
     def _grow(self, budget: Budget) -> RankedTree:

@@ -87,3 +87,42 @@ class HeadSteps:
             one = costs.seconds(0, self._context_len)
             cost = cost_at(costs.relative(self._context_len), verdict.drafted) + (self._ran / one if one > 0 else 0.0)
             self.gate.update(HEADS, verdict.accepted + 1, cost)
+
+
+def chain_tokens(agreement: Sequence[float], depth: int) -> float:
+    """Tokens a step emits on average when it verifies a chain of the head's top guesses ``depth``
+    deep: the bonus token plus each guess whose guesses before it were all right. ``agreement``
+    is the head's held-out top-1 agreement per guess, each given the ones before it were right
+    (what ``specdeck train`` records). Example: [0.5, 0.4] at depth 2: 1 + 0.5 + 0.2 = 1.7."""
+    total, run = 1.0, 1.0
+    for a in list(agreement)[:depth]:
+        run *= a
+        total += run
+    return total
+
+
+def could_pay(agreement: Sequence[float], costs: CostModel, head_forwards: Callable[[int], float], *,
+              min_gain: float = 1.05) -> bool:
+    """Whether a head with this agreement could beat plain decoding on this machine: at the best
+    chain depth, the tokens it emits over the verify's measured cost plus the head's own time
+    (``head_forwards(depth)``, in target forwards), at the shortest measured context (where
+    verifying is cheapest). A tree does better than its chain, which is why auto still measures
+    a head that passes; one that fails here would only cost the answers it is tried on.
+
+    Example: SmolLM2 F16 on 2 AMD cores, verifying 2 rows costs 1.86 forwards: EAGLE's
+    agreement 0.35 gives 1.35 tokens for 1.86 + 0.25, far below 1."""
+    relative = costs.relative(costs.contexts[0])
+    speeds = [chain_tokens(agreement, k) / (cost_at(relative, k) + head_forwards(k))
+              for k in range(1, len(agreement) + 1)]
+    return bool(speeds) and max(speeds) > min_gain
+
+
+def median_seconds(run: Callable[[], object], repeats: int = 5) -> float:
+    """The median time of ``run`` (its first call, which warms caches, not counted)."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]

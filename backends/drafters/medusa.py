@@ -34,7 +34,7 @@ from backends.core.controller import Bandit, TreeSizer
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
-from backends.drafters.head_steps import HeadSteps
+from backends.drafters.head_steps import HeadSteps, median_seconds
 from backends.drafters.rest import RankedTree
 from backends.heads.medusa import MedusaHeads
 
@@ -96,6 +96,12 @@ class MedusaDrafter:
     @property
     def head_seconds(self) -> float:
         return self.steps.head_seconds
+
+    def head_forwards(self, seconds_per_forward: float) -> Callable[[int], float]:
+        """The heads' time per step in target forwards, by chain depth (one run gives every depth)."""
+        state = np.zeros(self.heads.d, np.float32)
+        once = median_seconds(lambda: self.heads.top(state, self.settings.width))
+        return lambda depth: once / seconds_per_forward
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         if hidden is not None and hidden.ndim == 2 and hidden.shape[1] != self.heads.d:
