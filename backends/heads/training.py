@@ -1,6 +1,8 @@
-"""Training a Medusa head with torch on recorded samples (``backends.heads.record``).
+"""Training heads with torch on recorded samples (``backends.heads.record``): ``HeadTrainer``
+(checkpoints, resuming, seeded batches, the best held-out head kept) runs one ``Recipe`` per kind
+of head; this module holds Medusa's, ``eagle_training`` EAGLE's.
 
-Only this module needs torch (the ``train`` extra); running a trained head needs numpy alone.
+Only these modules need torch (the ``train`` extra); running a trained head needs numpy alone.
 
 Data. Every answer position ``t`` (from the prompt's last token on) gives one example: its
 hidden state, and the tokens ``t + 2 .. t + 1 + K`` the heads must predict. One answer in twenty
