@@ -18,8 +18,8 @@ from backends.drafters.eagle import EagleDrafter, EagleSettings
 from backends.heads.eagle import EagleHead, EagleShape
 from backends.heads.files import HeadFile, ModelFingerprint
 from tests.oracle import OracleTarget
-from tests.test_engine import COSTS, plain_greedy
-from tests.test_heads import oracle_prompt, record_oracle
+from tests.test_engine import COSTS
+from tests.test_heads import accepted_matching_plain_greedy, oracle_prompt, record_oracle
 
 torch = pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
 
@@ -115,18 +115,9 @@ def oracle_eagle(tmp_path_factory) -> HeadFile:
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_eagle2_greedy_equals_plain_greedy_on_the_oracle(oracle_eagle, top_k, expand, penalty):
     head = EagleHead(oracle_eagle, embed)
-    sampling = SamplingSettings(repeat_penalty=penalty)
-    settings = GenerationSettings(max_new_tokens=48, sampling=sampling)
-    accepted = 0
-    for seed in range(12):
-        oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
-        prompt = oracle_prompt(100 + seed)
-        drafter = EagleDrafter(head, EagleSettings(top_k=top_k, expand=expand, depth=4, max_nodes=12, adaptive=False),
-                               costs=COSTS)
-        finished = list(generate(oracle, drafter, prompt, settings, method="eagle2"))[-1]
-        assert list(finished.tokens) == plain_greedy(oracle, prompt, 48, sampling), f"seed {seed} diverged"
-        assert finished.stats.forwards == oracle.verify_calls
-        accepted += finished.stats.accepted
+    settings = EagleSettings(top_k=top_k, expand=expand, depth=4, max_nodes=12, adaptive=False)
+    accepted = accepted_matching_plain_greedy(lambda: EagleDrafter(head, settings, costs=COSTS),
+                                              method="eagle2", penalty=penalty)
     assert accepted > 48, f"the trained head had only {accepted} guesses accepted over 12 answers"
 
 

@@ -59,22 +59,30 @@ def oracle_prompt(seed: int) -> list[int]:
     return rng.integers(0, VOCAB, size=int(rng.integers(3, 30))).tolist()
 
 
-@pytest.mark.parametrize("width", [1, 3], ids=["chain", "tree"])
-@pytest.mark.parametrize("penalty", [1.0, 1.3])
-def test_medusa_greedy_equals_plain_greedy_on_the_oracle(oracle_head, width, penalty):
-    heads = MedusaHeads(oracle_head)
+def accepted_matching_plain_greedy(make_drafter, *, method: str, penalty: float) -> int:
+    """A head drafter (``make_drafter()``, fresh per answer) on the oracle its head was trained on,
+    12 prompts: output equals plain greedy decoding with one target forward per step; returns the
+    guesses accepted in all (so a caller can check that the head drafted something right)."""
     sampling = SamplingSettings(repeat_penalty=penalty)
     settings = GenerationSettings(max_new_tokens=48, sampling=sampling)
     accepted = 0
     for seed in range(12):
         oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
         prompt = oracle_prompt(100 + seed)
-        drafter = MedusaDrafter(heads, MedusaSettings(width=width, max_nodes=12, adaptive=False), costs=COSTS)
-        events = list(generate(oracle, drafter, prompt, settings, method="medusa"))
-        finished = events[-1]
+        finished = list(generate(oracle, make_drafter(), prompt, settings, method=method))[-1]
         assert list(finished.tokens) == plain_greedy(oracle, prompt, 48, sampling), f"seed {seed} diverged"
         assert finished.stats.forwards == oracle.verify_calls
         accepted += finished.stats.accepted
+    return accepted
+
+
+@pytest.mark.parametrize("width", [1, 3], ids=["chain", "tree"])
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_medusa_greedy_equals_plain_greedy_on_the_oracle(oracle_head, width, penalty):
+    heads = MedusaHeads(oracle_head)
+    settings = MedusaSettings(width=width, max_nodes=12, adaptive=False)
+    accepted = accepted_matching_plain_greedy(lambda: MedusaDrafter(heads, settings, costs=COSTS),
+                                              method="medusa", penalty=penalty)
     assert accepted > 48, f"the trained head had only {accepted} guesses accepted over 12 answers"
 
 

@@ -103,9 +103,9 @@ class _Grown:
         keep.sort(key=lambda i: (-self.scores[i], self.depths[i], i))
         keep = keep[:max_nodes]
         new = {old: n for n, old in enumerate(keep)}
-        parents = [new.get(self.parents[i], -1) if self.parents[i] >= 0 else -1 for i in keep]
-        if any(self.parents[i] >= 0 and self.parents[i] not in new for i in keep):
-            raise AssertionError("a ranked node's parent fell out of the ranking")
+        # a child's chance never exceeds its parent's and ties go to the shallower node, so every
+        # kept node's parent is kept, and ranked before it
+        parents = [new[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep]
         return RankedTree(np.array([self.tokens[i] for i in keep], np.int32), np.array(parents, np.int32),
                           np.exp(np.array([self.scores[i] for i in keep], np.float64)))
 
@@ -122,7 +122,6 @@ class EagleDrafter:
         self.steps = HeadSteps(max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, costs=costs,
                                sizer=sizer, gate=gate, clock=clock)
         self.sizer, self.gate = self.steps.sizer, self.steps.gate
-        self.clock = clock
         self.cache = head.new_cache()
         self.begin([])
 
