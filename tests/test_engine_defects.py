@@ -249,10 +249,10 @@ def test_a_rollback_that_did_not_happen_stops_the_answer():
 
 
 def test_targets_that_cannot_roll_back_offer_no_speculation():
-    from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE
+    from backends.core.types import HIDDEN_STATES, ROLLBACK, SEQUENCES, TREE
     from backends.llamacpp.target import offers_for
 
-    assert offers_for(recurrent=False, hybrid=False) == {TREE, ROLLBACK, HIDDEN_STATES}
+    assert offers_for(recurrent=False, hybrid=False) == {TREE, ROLLBACK, HIDDEN_STATES, SEQUENCES}
     assert offers_for(recurrent=True, hybrid=False) == frozenset()
     assert offers_for(recurrent=False, hybrid=True) == frozenset()
     assert ROLLBACK in PLDDrafter().requires and ROLLBACK in _draft(OracleTarget(), 0)[0].requires

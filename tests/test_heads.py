@@ -193,6 +193,45 @@ def test_recorder_keeps_one_state_per_position_but_the_last(smollm_q4_path):
         target.close()
 
 
+def test_recording_several_conversations_at_once_gives_the_engines_samples(smollm_q4_path, tmp_path):
+    """Batched recording (``SEQUENCES``) against the engine's one-by-one recording: the same samples,
+    state for state, except past a divergence at a measured near-tie (forward shapes differ)."""
+    from backends.bench import logit_margin
+    from backends.core.types import SEQUENCES
+    from backends.factory import Session, SessionConfig
+    from backends.heads.record import SampleStore
+    from backends.train import TURNS, record
+
+    turns = {0: ["Say hello.", "Now say it in French."], 1: ["Count to five."],
+             2: ["Name a fruit.", "And a vegetable?"], 3: ["What is 2+2?"]}
+    stores, events = {}, []
+    with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=1024)) as session:
+        assert SEQUENCES in session.target.offers
+        for name in ("together", "one by one"):
+            stores[name] = SampleStore(tmp_path / name, {"test": 1})
+            assert record(session, turns, stores[name], max_new_tokens=24, deadline=float("inf"), limit=None,
+                          report=events.append) == 4
+            session.target.offers -= {SEQUENCES}  # the second pass goes through the engine
+        together, one = stores["together"], stores["one by one"]
+        assert together.indices() == one.indices() == [0, 1, TURNS, 2 * TURNS, 2 * TURNS + 1, 3 * TURNS]
+        diverged: set[int] = set()
+        for n in one.indices():
+            if n // TURNS in diverged:
+                continue  # an earlier turn's answer differs, so this turn's prompt does too
+            a, b = one.get(n), together.get(n)
+            assert b.states.shape == (len(b.tokens) - 1, session.model.n_embd) and b.n_prompt == a.n_prompt
+            same = next((i for i, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), min(len(a.tokens), len(b.tokens)))
+            scale = np.abs(a.states).max()
+            assert np.abs(a.states[: same - 1].astype(np.float32) - b.states[: same - 1]).max() < 0.02 * scale
+            if same < max(len(a.tokens), len(b.tokens)):
+                assert a.n_prompt <= same < min(len(a.tokens), len(b.tokens)), (n, same)
+                margin, _, _ = logit_margin(session, list(a.tokens[:same]), SamplingSettings())
+                assert margin <= session.batch_noise().threshold, (n, same, margin)
+                diverged.add(n // TURNS)
+        assert len(diverged) <= 1
+    assert events[-1]["phase"] == "record" and events[-1]["done"] == 4 and events[-1]["tokens_per_s"] > 0
+
+
 def test_train_cli_records_trains_resumes_and_writes_a_head(smollm_q4_path, tmp_path, monkeypatch):
     pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
     from backends.cli import main

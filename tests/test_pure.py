@@ -450,3 +450,13 @@ def test_bench_speedup_interval_pairs_prompts_and_brackets_the_figure():
     low, high = speedup_interval(mixed, ar)
     assert 0.9 < low < 1.1 < high < 1.3
     assert all(math.isnan(x) for x in speedup_interval(mixed[:1], ar))  # one prompt: no interval
+
+
+def test_widest_paying_batch_reads_the_measured_curve():
+    from backends.core.costs import CostModel, widest_paying_batch
+
+    flat = CostModel.from_relative([1.0, 1.86, 1.9, 1.95, 1.98, 2.5, 3.0])  # k = 0..6 drafted: 1..7 rows
+    assert widest_paying_batch(flat, 0, 7) == 5  # 5 / 1.98 = 2.53 rows per unit; 7 / 3.0 = 2.33
+    assert widest_paying_batch(flat, 0, 3) == 3
+    steep = CostModel.from_relative([1.0, 2.0, 3.0, 4.0])  # a row costs as much as the last: one at a time
+    assert widest_paying_batch(steep, 0, 4) == 1

@@ -21,6 +21,9 @@ HIDDEN_STATES = "hidden_states"  # the target returns hidden states with its log
 # token into a state it cannot take back, so its speculative output would differ from plain
 # decoding.
 ROLLBACK = "rollback"
+# The target can decode several independent sequences in one forward (``target.sequences``):
+# recording training data answers several prompts at once, for the price of little more than one.
+SEQUENCES = "sequences"
 
 NO_LIMIT = 1 << 30  # a limit a target does not have
 

@@ -4,7 +4,9 @@ A head learns to predict what this model writes, so the data is the model answer
 itself (greedy, as it decodes by default), recorded through the engine like any other answer:
 ``Recorder`` is a drafter that proposes nothing and keeps the hidden states the target returns
 (``HIDDEN_STATES``), the prompt's from ``begin`` and one per step from each verify's root row.
-Any backend that offers hidden states can be recorded, with no code of its own.
+Any backend that offers hidden states can be recorded, with no code of its own; one that decodes
+several sequences at once (``SEQUENCES``) is recorded faster by ``backends.train.record_together``,
+into the same ``Sample``.
 
 One answer is one ``Sample``: tokens [T] (prompt and answer) and states [T - 1, d] float16, the
 state of position ``t`` having been computed from tokens ``0..t`` (the last token's state is never

@@ -47,8 +47,9 @@ import numpy as np
 
 from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE, Proposal, TargetLimits, TargetOutput, Verdict
+from backends.core.types import HIDDEN_STATES, ROLLBACK, SEQUENCES, TREE, Proposal, TargetLimits, TargetOutput, Verdict
 from backends.llamacpp.model import LlamaModel
+from backends.llamacpp.sequences import LlamaSequences
 from backends.models.llama_lib import llama, recent_errors
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
@@ -70,7 +71,7 @@ def offers_for(*, recurrent: bool, hybrid: bool) -> frozenset[str]:
     """What a context over such a model offers: trees and rollback need a cache that can forget
     positions, which a recurrent state (recurrent and hybrid models alike) cannot; hidden states
     serve only drafters, which all need rollback."""
-    return frozenset() if recurrent or hybrid else frozenset({TREE, ROLLBACK, HIDDEN_STATES})
+    return frozenset() if recurrent or hybrid else frozenset({TREE, ROLLBACK, HIDDEN_STATES, SEQUENCES})
 
 
 class LlamaTarget:
@@ -119,7 +120,7 @@ class LlamaTarget:
         self.max_tree_paths = max_tree_paths
         self.offers = offers_for(recurrent=model.is_recurrent, hybrid=model.is_hybrid)
         if lib.llama_pooling_type(ctx) != POOLING_NONE:  # an embedding model: states would come pooled
-            self.offers -= {HIDDEN_STATES}
+            self.offers -= {HIDDEN_STATES, SEQUENCES}
         self.limits = TargetLimits(max_batch=n_batch, max_paths=max_tree_paths)
         self._n_swa = model.n_swa  # sliding window of the SWA layers (0: none)
         self._decodes = 0  # counts forwards: a TargetOutput's logits are valid while it stands still
@@ -162,6 +163,11 @@ class LlamaTarget:
             row[0] = 0
         self._nseq[:] = 1
         self._tree_rows = 0  # rows whose sequence ids a tree batch changed
+
+    def sequences(self, n_seqs: int, n_ctx_seq: int) -> LlamaSequences:
+        """``n_seqs`` independent sequences over this target's model, in a context of their own
+        (``SEQUENCES``; recording training data answers several prompts at once with it)."""
+        return LlamaSequences(self.model, n_seqs=n_seqs, n_ctx_seq=n_ctx_seq, n_threads=self.n_threads)
 
     # -- KV cache ------------------------------------------------------------------------------
     @property
