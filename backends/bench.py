@@ -42,6 +42,7 @@ from backends.core.costs import CostModel, CpuWatch
 from backends.core.errors import SpecDeckError
 from backends.core.sampling import apply_repeat_penalty
 from backends.core.types import Finished, GenerationSettings, Proposal, RunStats, SamplingSettings
+from backends.drafters import baseline_method, is_baseline
 from backends.drafters.auto import MethodSelector
 from backends.factory import Session, SessionConfig
 from backends.hardware.observed import ObservedStore
@@ -50,7 +51,7 @@ from backends.models.chat import Message
 
 SPEC_BENCH = Path("shared") / "benchmarks" / "spec_bench" / "question.jsonl"
 MT_BENCH_SUBCATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
-PEERS = ("peer-llamacpp", "peer-llamacpp-pld")
+PEERS = {"peer-llamacpp": False, "peer-llamacpp-pld": True}  # llama-cpp-python's own runs: with its prompt lookup?
 NOISY_OTHER_CPU = 0.15  # cores used by other processes during a run before we call it noisy
 # The recommender's kinds of work, by Spec-Bench category (the rest is conversation).
 TASK_OF_CATEGORY = {"summarization": "summarize", "rag": "rag"}
@@ -166,7 +167,7 @@ class PeerRunner:
         import llama_cpp
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        draft = LlamaPromptLookupDecoding() if method == "peer-llamacpp-pld" else None
+        draft = LlamaPromptLookupDecoding() if PEERS[method] else None
         self.method = method
         self.session = session
         self.llm = llama_cpp.Llama(
@@ -329,7 +330,7 @@ def summarize(records: list[dict], methods: Sequence[str]) -> dict:
         for cat in cats + ["overall"]:
             rows = [r for r in records if r["method"] == m and (cat == "overall" or r["category"] == cat)]
             if rows:
-                out[m][cat] = _group(rows, [r for r in records if r["method"] == "ar" and (cat == "overall" or r["category"] == cat)])
+                out[m][cat] = _group(rows, [r for r in records if is_baseline(r["method"]) and (cat == "overall" or r["category"] == cat)])
     return out
 
 
@@ -398,7 +399,7 @@ def against_fastest(records: list[dict], methods: Sequence[str]) -> dict[str, di
     """
     rows = {m: [r for r in records if r["method"] == m] for m in methods}
     rates = {m: _overall_rate(rs) for m, rs in rows.items() if rs}
-    rivals = [m for m in rates if m != "ar" and m not in PEERS]
+    rivals = [m for m in rates if not is_baseline(m) and m not in PEERS]
     out: dict[str, dict] = {}
     for m in methods:
         others = [o for o in rivals if o != m]
@@ -489,8 +490,9 @@ def _clean(obj):
 # -- the whole benchmark ---------------------------------------------------------------------------
 def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO = sys.stderr) -> dict:
     methods = list(config.methods)
-    if "ar" not in methods:
-        methods.insert(0, "ar")  # every speedup is relative to plain decoding
+    plain = baseline_method()
+    if plain not in methods:
+        methods.insert(0, plain)  # every speedup is relative to plain decoding
     prompts = load_prompts(config.prompts or default_prompts(), per_category=config.per_category, categories=config.categories)
     sampling = SamplingSettings(temperature=config.temperature, seed=config.seed)
     gen = GenerationSettings(max_new_tokens=config.max_new_tokens, sampling=sampling)
@@ -540,8 +542,8 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
             for m in order if repeat % 2 == 0 else order[::-1]:
                 results[m].append(play(runners[m], session, prompt, gen))
         for m in methods:
-            div = None if m == "ar" else divergence(session, results[m][0], results["ar"][0], gen.sampling)
-            records.append(make_record(m, prompt, results[m], results["ar"], div, m in PEERS, sampler))
+            div = None if is_baseline(m) else divergence(session, results[m][0], results[baseline_method()][0], gen.sampling)
+            records.append(make_record(m, prompt, results[m], results[baseline_method()], div, m in PEERS, sampler))
         elapsed = time.perf_counter() - started
         print(f"[{index + 1}/{len(prompts)}] {prompt.category} q{prompt.question_id}: "
               + ", ".join(f"{r['method']} {r['speedup']:.2f}x" for r in records[-len(methods):]) + f" ({elapsed:.0f} s)",
@@ -594,11 +596,11 @@ def remember(model_path: Path, records: list[dict]) -> None:
             return [r for r in quiet if r["method"] == m and TASK_OF_CATEGORY.get(r["category"], "chat") == task]
 
         rows = of(method)
-        group = _group(rows, of("ar"))
+        group = _group(rows, of(baseline_method()))
         forwards = sum(r["forwards"] for r in rows)
         store.record(model_path, method, task, decode_tok_s=group["decode_tok_s"], tau=group["tau"],
                      drafted_per_step=sum(r["drafted"] for r in rows) / forwards if forwards else None,
-                     speedup=None if method == "ar" else group["speedup"])
+                     speedup=None if is_baseline(method) else group["speedup"])
 
 
 def write_json(result: dict, path: Path) -> None:
@@ -638,7 +640,7 @@ def write_answers(config: BenchConfig, out: Path, *, exclude_per_category: int, 
     out.parent.mkdir(parents=True, exist_ok=True)
     with Session(SessionConfig(model=config.model, n_ctx=config.n_ctx, n_threads=config.n_threads)) as session, \
             out.open("w") as f:
-        runner = EngineRunner(session, "ar", {})
+        runner = EngineRunner(session, baseline_method(), {})
         for i, prompt in enumerate(prompts, 1):
             runs = play(runner, session, prompt, gen)
             f.write(json.dumps({"question_id": prompt.question_id, "category": prompt.category,

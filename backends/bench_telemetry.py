@@ -15,6 +15,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from backends.bench import EngineRunner, decode_rate, default_prompts, load_prompts, play  # noqa: E402
+from backends.drafters import baseline_method  # noqa: E402
 from backends.core.costs import CpuWatch  # noqa: E402
 from backends.core.types import GenerationSettings  # noqa: E402
 from backends.factory import Session, SessionConfig  # noqa: E402
@@ -26,7 +27,7 @@ def measure(model: str, *, per_category: int, max_new_tokens: int, interval: flo
     gen = GenerationSettings(max_new_tokens=max_new_tokens)
     rates: dict[bool, list[tuple[int, float]]] = {True: [], False: []}
     with Session(SessionConfig(model=model)) as session, CpuWatch() as watch:
-        runner = EngineRunner(session, "ar", {})
+        runner = EngineRunner(session, baseline_method(), {})
         play(runner, session, prompts[0], gen)  # warm-up
         for i, prompt in enumerate(prompts):
             for sampling in ((True, False) if i % 2 else (False, True)):

@@ -307,7 +307,9 @@ def cmd_datastore(args: argparse.Namespace) -> int:
     if args.datastore_command == "answers":
         from backends.bench import BenchConfig, write_answers
 
-        config = BenchConfig(model=args.model, methods=("ar",), prompts=args.prompts, per_category=args.per_category,
+        from backends.drafters import baseline_method
+
+        config = BenchConfig(model=args.model, methods=(baseline_method(),), prompts=args.prompts, per_category=args.per_category,
                              max_new_tokens=args.max_new_tokens)
         count = write_answers(config, args.out, exclude_per_category=args.exclude_per_category)
         print(f"{args.out}: {count} answers", file=sys.stderr)

@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
 
 from backends.bench import default_prompts, load_prompts
 from backends.core.types import Finished, Step
-from backends.drafters import REGISTRY
+from backends.drafters import FIRST_COMPARED, REGISTRY
 from backends.models.paths import data_dir
 from desktop.forms import PromptBox
 from desktop.panels import ScrollColumn
@@ -82,8 +82,8 @@ class ComparePanel(QWidget):
         methods_row.addWidget(QLabel("Methods:"))
         for name in REGISTRY:
             box = QCheckBox(name)
-            box.setChecked(name in ("ar", "pld"))
-            if name == "ar":
+            box.setChecked(name in FIRST_COMPARED)
+            if REGISTRY[name].baseline:
                 box.setEnabled(False)  # the reference every other method is measured against
             self.checks[name] = box
             methods_row.addWidget(box)
@@ -168,7 +168,7 @@ class ComparePanel(QWidget):
         """Grey out methods that cannot run now (name -> reason or None): the loaded session lacks
         what they need, or their settings in the Method panel are not complete."""
         for name, box in self.checks.items():
-            if name == "ar":
+            if REGISTRY[name].baseline:
                 continue
             why = usable.get(name)
             box.setEnabled(why is None)

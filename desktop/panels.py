@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from backends.core.types import HIDDEN_STATES, GenerationSettings, SamplingSettings
-from backends.drafters import DATASTORE, DRAFT_MODEL, HEAD_PREFIX, REGISTRY, describe
+from backends.drafters import DATASTORE, DRAFT_MODEL, FIRST_SHOWN, HEAD_PREFIX, REGISTRY, baseline_method, describe
 from backends.hardware.detect import format_report
 from backends.hardware.fit import FitReport
 from backends.hardware.recommend import Recommendation, Recommendations
@@ -175,12 +175,12 @@ class MethodPanel(QGroupBox):
         self.chosen = False  # the user (or their saved settings) picked the method: advice keeps it
         self.combo.currentIndexChanged.connect(self._on_method)
         self.combo.activated.connect(self._on_picked)
-        self._select("pld")  # until the advice for the loaded model arrives
+        self._select(FIRST_SHOWN)  # until the advice for the loaded model arrives
 
     # -- the chosen method -------------------------------------------------------------------
     def method(self) -> str:
         item = self.items.item(max(0, self.combo.currentIndex()))
-        return item.data(_NAME) if item is not None else "ar"
+        return item.data(_NAME) if item is not None else baseline_method()
 
     def select(self, name: str) -> bool:
         """Choose ``name`` as the user would: later advice no longer replaces it."""
@@ -283,7 +283,7 @@ class MethodPanel(QGroupBox):
         self.recommended.setText(_recommendation(best, usable) if best is not None else "")
         self._fill_drafts(advice)
         if not (self.chosen and self._select(current)):  # until the user picks one, the recommended one
-            self._select(best.method if best else "ar")
+            self._select(best.method if best else baseline_method())
         self.combo.blockSignals(False)
         self._on_method(self.combo.currentIndex())
         self.runnable_changed.emit(self.runnable())

@@ -22,6 +22,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 from backends.bench import TurnRun, decode_rate, divergence
 from backends.core.errors import Cancelled, PromptTooLongError, SpecDeckError
 from backends.core.types import Event, Finished, GenerationSettings, Prefilled, Step
+from backends.drafters import baseline_method, is_baseline
 from backends.factory import Session, SessionConfig
 from backends.hardware.observed import ObservedStore
 from backends.hardware.telemetry import Sampler, energy_joules
@@ -241,7 +242,7 @@ class Worker(QObject):
         if finished.reason == "cancelled":
             return
         self.store.record_run(session.model.path, "chat", finished.stats)
-        if finished.stats.method == "ar":
+        if is_baseline(finished.stats.method):
             rate = self._plain_rate(session)
             if rate is not None:
                 self.plain_rate.emit(rate)
@@ -251,7 +252,7 @@ class Worker(QObject):
         (chat answers and comparisons; a running average), or None when it was never run here.
         Estimates (the roofline, one forward's time) leave out sampling and the engine's own work
         and promised 4-5x the real rate, so they are never drawn as the line to beat."""
-        seen = self.store.lookup(session.model.path, "ar", "chat")
+        seen = self.store.lookup(session.model.path, baseline_method(), "chat")
         return seen.decode_tok_s if seen is not None else None
 
     def _report_prefill(self, session: Session, request_id: int, total: int) -> None:
@@ -311,7 +312,8 @@ class Worker(QObject):
         Without plain decoding there is nothing to compare against, so its failure ends the run."""
         prompt = session.model.chat_prompt([{"role": "user", "content": request.prompt}])
         generation = replace(request.generation, stop=request.generation.stop + session.model.chat_format.stop)
-        methods = ["ar"] + [m for m in request.methods if m != "ar"]
+        plain = baseline_method()
+        methods = [plain] + [m for m in request.methods if m != plain]
         runs: dict[str, TurnRun] = {}
         failed: dict[str, str] = {}
         for method in methods:
@@ -320,11 +322,11 @@ class Worker(QObject):
             try:
                 runs[method] = self._compare_one(session, request, method, prompt, generation)
             except (SpecDeckError, ValueError, OSError) as exc:
-                if method == "ar":
+                if method == plain:
                     raise
                 failed[method] = str(exc)
             except Exception as exc:  # noqa: BLE001 - one method's bug must not cost the others' results
-                if method == "ar":
+                if method == plain:
                     raise
                 failed[method] = _unexpected(exc)
         cancelled = request.cancel.is_set()
@@ -346,8 +348,8 @@ class Worker(QObject):
         return TurnRun(prompt, list(finished.tokens), finished.text, finished.stats, 0.0, t0, time.monotonic())
 
     def _row(self, session: Session, method: str, runs: dict[str, TurnRun], generation: GenerationSettings) -> CompareRow:
-        run, ar = runs[method], runs["ar"]
-        div = None if method == "ar" else divergence(session, [run], [ar], generation.sampling)
+        run, ar = runs[method], runs[baseline_method()]
+        div = None if is_baseline(method) else divergence(session, [run], [ar], generation.sampling)
         rate, ar_rate = decode_rate([run]), decode_rate([ar])
         energy = energy_joules(self.sampler.history(), run.t0, run.t1) if self.sampler is not None else None
         return CompareRow(

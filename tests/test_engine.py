@@ -16,6 +16,7 @@ from backends.core.costs import CostModel
 from backends.core.engine import generate
 from backends.core.errors import PromptTooLongError
 from backends.core.sampling import greedy_token
+from backends.core.protocols import Drafter
 from backends.core.types import Budget, Finished, GenerationSettings, Prefilled, Proposal, SamplingSettings, Step
 from backends.drafters.ar import ARDrafter
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
@@ -64,7 +65,7 @@ def drafted_matching_plain_greedy(make_drafter, *, method: str, penalty: float, 
     return drafted
 
 
-class OracleTreeDrafter:
+class OracleTreeDrafter(Drafter):
     """Random token trees that contain the true continuation only sometimes (tests tree commits)."""
 
     requires = frozenset()

@@ -18,9 +18,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from backends.core.errors import BackendError, Cancelled
+from backends.core.errors import BackendError
 from backends.core.engine import generate
 from backends.core.sampling import greedy_token
+from backends.core.protocols import Drafter
 from backends.core.types import (
     Budget,
     Finished,
@@ -106,7 +107,7 @@ def test_a_skipped_datastore_lookup_is_not_booked_by_the_gate(tmp_path):
 # --- b. the draft model's catch-up ----------------------------------------------------------------
 
 
-class QuoteThenSilence:
+class QuoteThenSilence(Drafter):
     """A free drafter that is sure of itself while the answer quotes (its first ``quote`` tokens,
     which it knows), then has nothing: specinfer skips the draft model all that time."""
 
@@ -123,10 +124,8 @@ class QuoteThenSilence:
         ctx = list(context)
         while len(ctx) - len(context) < min(8, budget.max_depth) and len(ctx) < self.start + self.quote:
             ctx.append(greedy_token(self.oracle.logits_for(ctx), ctx, GREEDY))
-        return Proposal.chain(ctx[len(context):])
-
-    def path_probs(self, proposal):
-        return [1.0] * proposal.size
+        guess = ctx[len(context):]
+        return Proposal.chain(guess, chances=[1.0] * len(guess))
 
     def observe(self, out, verdict):
         pass
@@ -270,7 +269,7 @@ def test_a_draft_context_shorter_than_the_prompt_drafts_nothing_instead_of_faili
     assert finished.stats.drafted == 0
 
 
-class Clairvoyant:
+class Clairvoyant(Drafter):
     """Proposes the target's own greedy continuation, 8 tokens deep: everything is accepted."""
 
     requires = frozenset()

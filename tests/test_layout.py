@@ -55,3 +55,40 @@ def test_layers_only_import_upwards():
         for path, names in modules_of(package).items():
             offenders += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.startswith(banned)]
     assert not offenders
+
+
+SHARED_CODE = [*(BACKENDS / "core").glob("*.py"), BACKENDS / "factory.py", BACKENDS / "bench.py",
+               BACKENDS / "bench_telemetry.py", BACKENDS / "chat.py", BACKENDS / "cli.py", BACKENDS / "train.py",
+               *(ROOT / "desktop").glob("*.py")]
+
+
+def _literals(node: ast.AST) -> list[str]:
+    """The string literals a comparison operand is or holds (``"ar"``, ``("ar", "pld")``)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [s for item in node.elts for s in _literals(item)]
+    return []
+
+
+def test_shared_code_compares_no_method_name():
+    """The engine, factory, bench, CLI and desktop ask the registry (``MethodSpec.baseline``,
+    capabilities) instead of comparing a method's name: a method added or renamed touches none of
+    them. A name compared here would be a special case in the wrong place."""
+    from backends.drafters import REGISTRY
+
+    offenders = []
+    for path in SHARED_CODE:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+            elif isinstance(node, ast.match_case) and isinstance(node.pattern, ast.MatchValue):
+                operands = [node.pattern.value]
+            else:
+                continue
+            named = [s for operand in operands for s in _literals(operand) if s in REGISTRY]
+            if named:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno if hasattr(node, 'lineno') else '?'} "
+                                 f"compares {', '.join(named)}")
+    assert not offenders, offenders
+    assert SHARED_CODE and all(p.exists() for p in SHARED_CODE)

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from backends.core.acceptance import accept_greedy, accept_stochastic, try_candidates
-from backends.core.controller import AcceptanceStats, LengthController, ShadowLedger
+from backends.core.controller import AcceptanceStats, LengthController, Ledger, length_class
 from backends.core.costs import CostModel
 from backends.core.sampling import apply_repeat_penalty, target_distribution
 from backends.core.text import TextStream
 from backends.core.tree import compile_tree, is_chain
 from backends.core.types import Budget, GenerationSettings, Proposal, SamplingSettings, TargetOutput
-from backends.drafters.pld import NO_MATCH, Match, NgramIndex, span_class
+from backends.drafters.pld import NO_MATCH, Match, NgramIndex
 
 GREEDY = SamplingSettings()
 PLAIN = SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
@@ -196,7 +196,7 @@ def test_ngram_span_measures_the_quoted_run():
     tokens = [1, 2] + quote + [99, 3] + quote[:6]  # the answer quotes 6 tokens of the passage
     match = make_index(tokens).lookup(4)
     assert match.ngram == 3 and match.span == 6 and match.tokens == [16, 17, 99, 3]
-    assert [span_class(s) for s in (0, 1, 3, 5, 9, 40)] == [0, 1, 3, 4, 8, 16]
+    assert [length_class(s) for s in (0, 1, 3, 5, 9, 40)] == [0, 1, 3, 4, 8, 16]
 
 
 # -- streaming text --------------------------------------------------------------------------------
@@ -319,16 +319,18 @@ def test_timing_probes_leave_the_cache_as_they_found_it_and_stop_when_asked():
     assert len(probe_sizes(40)) < 41  # not every length is timed
 
 
-def test_shadow_ledger_scores_withheld_guesses():
-    ledger = ShadowLedger()
-    ledger.add(10, [5, 6, 7], bucket=2)
-    ledger.add(11, [6, 7], bucket=1)
+def test_the_ledger_scores_withheld_chains():
+    ledger = Ledger()
+    first, second = Proposal.chain([5, 6, 7]), Proposal.chain([6, 7])
+    ledger.add(10, first, 2)
+    ledger.add(11, second, 1)
     context = list(range(10))
     assert ledger.resolve(context) == []
     assert ledger.resolve(context + [5]) == []  # still consistent, not yet decided
-    assert ledger.resolve(context + [5, 9]) == [(3, 1, 2), (2, 0, 1)]
-    ledger.add(12, [1, 2], bucket=3)
-    assert ledger.resolve(context + [5, 9, 1, 2]) == [(2, 2, 3)]
+    assert ledger.resolve(context + [5, 9]) == [(first, 1, 2), (second, 0, 1)]
+    third = Proposal.chain([1, 2])
+    ledger.add(12, third, 3)
+    assert ledger.resolve(context + [5, 9, 1, 2]) == [(third, 2, 3)]
 
 
 def test_cost_probes_are_chains_then_four_branch_trees():

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.core.controller import TreeLedger, TreeSizer
+from backends.core.controller import Ledger, TreeSizer, length_class
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
-from backends.core.types import Budget, GenerationSettings, SamplingSettings, TargetOutput, Verdict
-from backends.drafters.rest import RESTDrafter, RESTSettings, match_class, rank
+from backends.core.types import Budget, GenerationSettings, Proposal, SamplingSettings, TargetOutput, Verdict
+from backends.core.controller import chain_path_probs
+from backends.drafters.rest import RESTDrafter, RESTSettings, rank
 from backends.models.datastore import (
     Datastore,
     DatastoreError,
@@ -95,7 +96,7 @@ def test_lookups_bounded_by_the_previous_match_find_what_a_full_search_finds(tmp
         context += rng.integers(0, 5, size=int(rng.integers(1, 3))).tolist()
         if rng.random() < 0.7:
             full = store.continuations(context, max_len=10, min_len=2, depth=8, samples=256).matched
-            assert match_class(full) == drafter.lookup(context).bucket
+            assert length_class(full) == drafter.lookup(context).bucket
             assert drafter._match[0] == max(full, 1)
 
 
@@ -141,12 +142,14 @@ def test_sizer_calibration_learns_from_outcomes():
 
 
 def test_ledger_scores_a_withheld_tree_like_greedy_verification():
-    ledger = TreeLedger()
-    ledger.add(5, [7, 8, 9, 4], [-1, 0, 0, 2], predicted=1.2)  # 7 -> (8, 9 -> 4)
+    ledger = Ledger()
+    tree = Proposal((7, 8, 9, 4), (-1, 0, 0, 2))  # 7 -> (8, 9 -> 4)
+    ledger.add(5, tree, 1.2)
     assert ledger.resolve([0] * 5 + [7, 9]) == []  # could still go deeper
-    assert ledger.resolve([0] * 5 + [7, 9, 4]) == [(1.2, 3, None)]
-    ledger.add(0, [1], [-1], predicted=0.5, bucket=2)
-    assert ledger.resolve([2]) == [(0.5, 0, 2)]
+    assert ledger.resolve([0] * 5 + [7, 9, 4]) == [(tree, 3, 1.2)]
+    one = Proposal((1,), (-1,))
+    ledger.add(0, one, (0.5, 2))
+    assert ledger.resolve([2]) == [(one, 0, (0.5, 2))]
 
 
 # --- the drafter on the oracle ------------------------------------------------------------------
@@ -193,7 +196,8 @@ def test_the_conversation_drafts_what_the_datastore_lacks_and_learns_apart(tmp_p
     drafter.begin(context)
     proposal = drafter.propose(context, Budget(max_nodes=16, max_depth=8))
     assert proposal.is_chain and proposal.tokens[:3] == (8, 9, 10)
-    assert drafter.path_probs(proposal) == drafter.conversation.path_probs(proposal)
+    bucket = drafter.conversation._bucket  # the conversation's own estimates, not the datastore's
+    assert proposal.chances == tuple(chain_path_probs(drafter.conversation.controller.acceptance(bucket), proposal.size))
     before = drafter.sizer.calibration(0), copy.deepcopy(drafter.conversation.controller.stats._counts)
     out = TargetOutput(logits=np.zeros((1 + proposal.size, 32), np.float32), seconds=0.01)
     drafter.observe(out, Verdict(path=(0, 1), tokens=(8, 9, 4), drafted=proposal.size, draft_depth=proposal.size))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from backends.core.acceptance import accept_stochastic
+from backends.core.protocols import Drafter
 from backends.core.types import GenerationSettings, Proposal, SamplingSettings, TargetOutput, Verdict
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
@@ -205,22 +206,15 @@ def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session, monkeypa
 def test_merged_tree_is_cut_to_what_pays_and_drafters_only_book_verified_nodes():
     from backends.drafters.specinfer import select
 
-    class Sure:  # a drafter that is confident in its first two tokens only
-        def path_probs(self, proposal):
-            return [0.9, 0.8, 0.05, 0.01][: proposal.size]
-
-    class Unsure:
-        def path_probs(self, proposal):
-            return [0.1, 0.02][: proposal.size]
-
-    from backends.drafters.specinfer import merged_path_probs
-
-    props = [Proposal.chain([5, 6, 7, 8]), Proposal.chain([5, 9])]
+    sure = Proposal.chain([5, 6, 7, 8], chances=[0.9, 0.8, 0.05, 0.01])  # confident in its first two tokens only
+    unsure = Proposal.chain([5, 9], chances=[0.1, 0.02])
+    props = [sure, unsure]
     tree = merge(props)
-    probs = merged_path_probs([Sure(), Unsure()], props, tree)
-    assert probs.tolist() == [0.9, 0.8, 0.05, 0.01, 0.02]  # the shared first node takes the higher estimate
+    assert tree.proposal.chances == (0.9, 0.8, 0.05, 0.01, 0.02)  # the shared first node takes the higher estimate
+    assert merge([Proposal.chain([5, 6])]).proposal.chances == (0.5, 0.25)  # a drafter without estimates
     cut = select(tree, [0, 1])
     assert cut.proposal.tokens == (5, 6) and cut.maps == ((0, 1, -1, -1), (0, -1))
+    assert cut.proposal.chances == (0.9, 0.8)
     verdict = Verdict(path=(0, 1), tokens=(5, 6, 3), drafted=2, draft_depth=2)
     seen = project(verdict, props[0], cut.maps[0])
     assert seen.path == (0, 1) and seen.drafted == 2 and seen.draft_depth == 2  # 7 and 8 were never checked
@@ -228,7 +222,7 @@ def test_merged_tree_is_cut_to_what_pays_and_drafters_only_book_verified_nodes()
     assert other.path == (0,) and other.drafted == 1
 
 
-class _Fixed:
+class _Fixed(Drafter):
     """A drafter that always proposes the same chain with the same estimates."""
 
     requires = frozenset()
@@ -236,11 +230,8 @@ class _Fixed:
     def __init__(self, tokens, probs):
         self.tokens, self.probs = tokens, probs
 
-    def path_probs(self, proposal):
-        return self.probs[: proposal.size]
-
     def propose(self, context, budget):
-        return Proposal.chain(self.tokens)
+        return Proposal.chain(self.tokens, chances=self.probs)
 
     def observe(self, out, verdict):
         self.seen = verdict

@@ -14,7 +14,7 @@ speeds 1.06, 1.36, 1.64: draft 3. With acceptance ``[0.3, ...]`` every speed is 
 
 Estimates are counts with exponential forgetting (``decay`` per update), so the controller follows
 a text that changes character halfway. A drafter whose guesses are free to make (prompt lookup)
-also learns from the steps where it did not draft: ``ShadowLedger`` compares each withheld guess
+also learns from the steps where it did not draft: the ``Ledger`` compares each withheld guess
 with the tokens the target went on to emit, which under greedy decoding is exactly the acceptance
 the guess would have had, and under sampling has the same probability (a one-hot draft ``x`` is
 accepted with probability ``p(x)``, the chance that the target samples ``x``). Drafters whose
@@ -26,6 +26,8 @@ from __future__ import annotations
 from typing import Callable, Hashable, Mapping, Sequence
 
 from backends.core.costs import CostModel
+from backends.core.tree import tree_depths
+from backends.core.types import Proposal
 
 
 class AcceptanceStats:
@@ -99,19 +101,14 @@ class LengthController:
         Drafting ``k`` tokens costs ``cost[k] + fixed_cost + k * draft_cost`` forwards: the verify,
         a one-off price for drafting at all (a draft model catching up), and each drafted token.
         """
-        cost = self.costs.relative(context)
-        out, expected, survive = [1.0], 1.0, 1.0
-        for k, a in enumerate(self.acceptance(bucket)[:limit], start=1):
-            survive *= a
-            expected += survive
-            out.append(expected / (cost[k] + fixed_cost + k * draft_cost))
-        return out
+        chances = chain_path_probs(self.acceptance(bucket), min(limit, self.max_len))
+        return expected_speeds(chances, self.costs.relative(context), fixed_cost=fixed_cost, per_node=draft_cost)
 
     def can_pay(self, limit: int, *, context: int, draft_cost: float = 0.0, fixed_cost: float = 0.0) -> bool:
         """Whether even perfect acceptance would beat plain decoding."""
-        cost = self.costs.relative(context)
-        return any((k + 1) / (cost[k] + fixed_cost + k * draft_cost) > self.min_gain
-                   for k in range(1, min(limit, self.max_len) + 1))
+        certain = [1.0] * min(limit, self.max_len)
+        speeds = expected_speeds(certain, self.costs.relative(context), fixed_cost=fixed_cost, per_node=draft_cost)
+        return max(speeds[1:], default=0.0) > self.min_gain
 
     def choose(self, available: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0,
                fixed_cost: float = 0.0) -> int:
@@ -132,35 +129,52 @@ class LengthController:
         return 0
 
 
-class ShadowLedger:
-    """Guesses that were not drafted, scored against the text the target actually produced.
+class Ledger:
+    """Proposals that were not verified, scored against the text the target went on to produce.
 
-    ``add(start, tokens, bucket)`` records that ``tokens`` were the guess for ``context[start:]``;
-    ``resolve(context)`` returns ``(guessed, matched, bucket)`` for every guess the context has
-    now confirmed or refuted. Example: guess ``[5, 6, 7]`` at 10; once ``context[10:12] == [5, 9]``
-    it resolves to ``(3, 1, bucket)``.
+    ``add(start, proposal, note)`` records a guess for ``context[start:]`` (a chain is a tree);
+    ``resolve(context)`` returns ``(proposal, matched, note)`` for every guess the context now
+    settles, ``matched`` being the depth of the deepest node whose path the text followed:
+    exactly what greedy verification would have accepted, and under sampling as likely (a
+    one-hot guess ``x`` is accepted with the chance the target samples ``x``). So a drafter that
+    withholds a free guess still learns what it would have won. Example: the chain ``[5, 6, 7]``
+    at 10 resolves to matched 1 once ``context[10:12] == [5, 9]``.
     """
 
     def __init__(self) -> None:
-        self._open: list[tuple[int, list[int], Hashable]] = []
+        self._open: list[tuple[int, Proposal, int, bool, Hashable]] = []  # start, guess, depth, chain?, note
 
-    def add(self, start: int, tokens: Sequence[int], bucket: Hashable = None) -> None:
-        if tokens:
-            self._open.append((start, list(tokens), bucket))
+    def add(self, start: int, proposal: Proposal, note: Hashable = None) -> None:
+        if proposal.size:
+            chain = proposal.is_chain
+            depth = proposal.size if chain else int(tree_depths(proposal.parents).max())
+            self._open.append((start, proposal, depth, chain, note))
 
-    def resolve(self, context: Sequence[int]) -> list[tuple[int, int, Hashable]]:
+    def resolve(self, context: Sequence[int]) -> list[tuple[Proposal, int, Hashable]]:
         done, still_open = [], []
-        for start, tokens, bucket in self._open:
-            seen = context[start : start + len(tokens)]
-            matched = 0
-            while matched < len(seen) and seen[matched] == tokens[matched]:
+        for item in self._open:
+            start, proposal, depth, chain, note = item
+            seen = context[start : start + depth]
+            matched, node = 0, -1
+            while matched < len(seen):
+                node = _child(proposal, chain, node, seen[matched])
+                if node is None:
+                    break
                 matched += 1
-            if matched < len(seen) or len(seen) == len(tokens):
-                done.append((len(tokens), matched, bucket))
+            if node is None or matched == depth:
+                done.append((proposal, matched, note))
             else:
-                still_open.append((start, tokens, bucket))
+                still_open.append(item)
         self._open = still_open
         return done
+
+
+def _child(proposal: Proposal, chain: bool, parent: int, token: int) -> int | None:
+    """The child of ``parent`` (-1: the root) that holds ``token``, if any."""
+    if chain:
+        node = parent + 1
+        return node if proposal.tokens[node] == token else None
+    return next((i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens)) if p == parent and t == token), None)
 
 
 def chain_path_probs(acceptance: Sequence[float], n: int) -> list[float]:
@@ -170,6 +184,28 @@ def chain_path_probs(acceptance: Sequence[float], n: int) -> list[float]:
     for d in range(n):
         survive *= acceptance[min(d, len(acceptance) - 1)] if acceptance else 0.0
         out.append(survive)
+    return out
+
+
+def length_class(n: int) -> int:
+    """Buckets of a matched length (a suffix found again, a quoted span), which estimates are kept
+    apart by: 0, 1, 2, 3, 4-7, 8-15, 16+. A long match predicts far better than a short one."""
+    return n if n < 4 else 4 if n < 8 else 8 if n < 16 else 16
+
+
+def expected_speeds(chances: Sequence[float], relative: Sequence[float], *, fixed_cost: float = 0.0,
+                    per_node: float = 0.0) -> list[float]:
+    """Speed relative to plain decoding of verifying the first n = 0..len(chances) nodes of a
+    ranked proposal: ``(1 + chances[0] + ... + chances[n - 1]) / (cost[n] + fixed_cost + n *
+    per_node)``, the bonus token plus each node's chance that its path is accepted, over the
+    verify's measured relative cost (``cost_at``), a one-off price of drafting at all and a
+    price per drafted node (a draft model's forwards). ``n = 0`` is plain decoding: 1.0.
+
+    Example: chances ``[0.9, 0.81]``, cost ``[1, 1.8, 2.0]``: 1.0, 1.9 / 1.8 = 1.06, 2.71 / 2.0 = 1.36."""
+    out, expected = [1.0], 1.0
+    for n, chance in enumerate(chances, start=1):
+        expected += chance
+        out.append(expected / (cost_at(relative, n) + fixed_cost + n * per_node))
     return out
 
 
@@ -211,12 +247,8 @@ class TreeSizer:
 
     def speedups(self, probs: Sequence[float], *, context: int, bucket: Hashable = None) -> list[float]:
         """Expected speed relative to plain decoding of verifying the first n = 0..len nodes."""
-        cost, c = self.costs.relative(context), self.calibration(bucket)
-        out, expected = [1.0], 1.0
-        for n, p in enumerate(probs[: self.max_nodes], start=1):
-            expected += min(1.0, c * p)
-            out.append(expected / cost_at(cost, n))
-        return out
+        c = self.calibration(bucket)
+        return expected_speeds([min(1.0, c * p) for p in probs[: self.max_nodes]], self.costs.relative(context))
 
     def choose(self, probs: Sequence[float], *, context: int, bucket: Hashable = None) -> int:
         speeds = self.speedups(probs, context=context, bucket=bucket)
@@ -228,49 +260,6 @@ class TreeSizer:
         sums = self._sums.setdefault(bucket, [0.0, 0.0])
         sums[0] = sums[0] * self.decay + accepted
         sums[1] = sums[1] * self.decay + predicted
-
-
-class TreeLedger:
-    """Trees that were not verified, scored against the text the target went on to produce.
-
-    ``add(start, tokens, parents, probs)`` records a candidate tree for ``context[start:]``;
-    ``resolve(context)`` returns ``(predicted, matched, bucket)`` for each tree the context now settles,
-    where ``matched`` is the depth of the deepest node whose path the text followed: exactly what
-    greedy verification would have accepted.
-    """
-
-    def __init__(self) -> None:
-        self._open: list[tuple[int, tuple[int, ...], tuple[int, ...], float, int, Hashable]] = []
-
-    def add(self, start: int, tokens: Sequence[int], parents: Sequence[int], predicted: float,
-            bucket: Hashable = None) -> None:
-        if tokens:
-            depth = [0] * len(tokens)
-            for i, parent in enumerate(parents):
-                depth[i] = 1 if parent < 0 else depth[parent] + 1
-            self._open.append((start, tuple(tokens), tuple(parents), predicted, max(depth), bucket))
-
-    def resolve(self, context: Sequence[int]) -> list[tuple[float, int, Hashable]]:
-        done, still_open = [], []
-        for item in self._open:
-            start, tokens, parents, predicted, depth, bucket = item
-            seen = context[start : start + depth]
-            matched, node, settled = 0, -1, False
-            while True:
-                if matched == len(seen):
-                    settled = len(seen) == depth
-                    break
-                child = next((i for i, p in enumerate(parents) if p == node and tokens[i] == seen[matched]), None)
-                if child is None:
-                    settled = True
-                    break
-                node, matched = child, matched + 1
-            if settled:
-                done.append((predicted, matched, bucket))
-            else:
-                still_open.append(item)
-        self._open = still_open
-        return done
 
 
 _UNKNOWN = object()  # a Bandit's best arm, not yet worked out

@@ -95,7 +95,7 @@ def generate(
     except Cancelled:
         yield Finished(reason="cancelled", tokens=(), text="", stats=stats.result("cancelled"))
         return
-    stats.played = str(getattr(drafter, "playing", "") or "")  # e.g. the arm auto chose for this answer
+    stats.played = drafter.playing  # e.g. the arm auto chose for this answer
     stats.prefilled(reused, clock() - t0)
     yield Prefilled(prompt_tokens=len(prompt), reused_tokens=reused, seconds=stats.prefill_s)
 
@@ -147,5 +147,5 @@ def generate(
         )
         index += 1
     stream.flush()
-    stats.declined = str(getattr(drafter, "declined", "") or "")  # why it drafted nothing, if it chose so
+    stats.declined = drafter.declined  # why it drafted nothing, if it chose so
     yield Finished(reason=reason, tokens=tuple(context[len(prompt) :]), text=stream.text, stats=stats.result(reason))

@@ -70,10 +70,16 @@ class Drafter(Protocol):
     """Proposes tokens for the target to verify; sees every verdict.
 
     ``requires`` names the target capabilities the drafter needs (e.g. ``{TREE}``); the factory
-    and the GUI compare it with ``Target.offers``.
+    and the GUI compare it with ``Target.offers``. The other fields have defaults here, which a
+    drafter gets by naming this protocol as its base class.
     """
 
     requires: frozenset[str]
+    # How dear a proposal is to make, for a drafter that asks several (``specinfer``): 0 free (a
+    # dictionary lookup), 1 a search, 2 model forwards.
+    ask_cost: int = 1
+    playing: str = ""  # what runs this answer, where the drafter chooses (``auto``'s arm), for stats
+    declined: str = ""  # why this answer drafted nothing, where the drafter chose so, for stats
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         """A new answer starts after ``prompt`` (the engine has prefilled the target). A drafter

@@ -68,24 +68,34 @@ class Proposal:
     ``draft_probs[i]`` is the distribution ``q`` that ``tokens[i]`` was drawn from (a [vocab]
     array), or ``None`` when the drafter chose the token deterministically (one-hot ``q``).
     ``draft_probs`` itself may be ``None`` when every node is deterministic.
+
+    ``chances[i]`` is the drafter's estimate, calibrated on its own history, that the target
+    accepts node ``i`` and every node above it (so a child never exceeds its parent); ``None``
+    when the drafter has none. Whoever combines or cuts proposals (``specinfer``) reads them
+    here instead of asking the drafter afterwards.
     """
 
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
     draft_probs: tuple[np.ndarray | None, ...] | None = None
+    chances: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
             raise ValueError(f"{len(self.tokens)} tokens but {len(self.parents)} parents")
         if self.draft_probs is not None and len(self.draft_probs) != len(self.tokens):
             raise ValueError(f"{len(self.tokens)} tokens but {len(self.draft_probs)} draft distributions")
+        if self.chances is not None and len(self.chances) != len(self.tokens):
+            raise ValueError(f"{len(self.tokens)} tokens but {len(self.chances)} chances")
         validate_parents(self.parents)
 
     @classmethod
-    def chain(cls, tokens: Sequence[int], draft_probs: Sequence[np.ndarray | None] | None = None) -> Proposal:
+    def chain(cls, tokens: Sequence[int], draft_probs: Sequence[np.ndarray | None] | None = None,
+              chances: Sequence[float] | None = None) -> Proposal:
         """A straight line of drafted tokens, the common case."""
         probs = None if draft_probs is None else tuple(draft_probs)
-        return cls(tuple(int(t) for t in tokens), tuple(range(-1, len(tokens) - 1)), probs)
+        return cls(tuple(int(t) for t in tokens), tuple(range(-1, len(tokens) - 1)), probs,
+                   None if chances is None else tuple(float(c) for c in chances))
 
     @property
     def size(self) -> int:
@@ -124,7 +134,8 @@ class Proposal:
         new_index = {old: new for new, old in enumerate(keep)}
         parents = tuple(-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in keep)
         probs = None if self.draft_probs is None else tuple(self.draft_probs[i] for i in keep)
-        return Proposal(tuple(self.tokens[i] for i in keep), parents, probs)
+        chances = None if self.chances is None else tuple(self.chances[i] for i in keep)
+        return Proposal(tuple(self.tokens[i] for i in keep), parents, probs, chances)
 
 
 EMPTY_PROPOSAL = Proposal()

@@ -124,6 +124,9 @@ class MethodSpec:
     datastore_required: bool = False
     # What a session must offer for these settings; ``requires`` is the answer for the defaults.
     requires_for: Callable[[Any], frozenset[str]] | None = None
+    # Plain decoding: drafts nothing, and every other method's speed and output are measured
+    # against it (exactly one method is the baseline).
+    baseline: bool = False
 
     @property
     def head_kind(self) -> str | None:
@@ -345,7 +348,8 @@ def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
 REGISTRY: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
-        MethodSpec("ar", "plain decoding, one token per forward: the baseline", ARSettings, lambda s, r: ARDrafter(s)),
+        MethodSpec("ar", "plain decoding, one token per forward: the baseline", ARSettings, lambda s, r: ARDrafter(s),
+                   baseline=True),
         MethodSpec(
             "auto",
             "per prompt, whichever has been fastest here on such prompts: prompt lookup (with a datastore: "
@@ -437,6 +441,22 @@ REGISTRY: dict[str, MethodSpec] = {
         ),
     )
 }
+
+
+DEFAULT_METHOD = "auto"  # what a session runs when it is not told
+FIRST_COMPARED = ("ar", "pld")  # the comparison panel's methods until the user picks others
+FIRST_SHOWN = "pld"  # the method chooser's choice before the advice for a model arrives
+
+
+def baseline_method() -> str:
+    """The name of plain decoding, the reference of every comparison."""
+    return next(name for name, spec in REGISTRY.items() if spec.baseline)
+
+
+def is_baseline(name: str) -> bool:
+    """Whether ``name`` is plain decoding (a name outside the registry, a bench peer, is not)."""
+    spec = REGISTRY.get(name)
+    return spec is not None and spec.baseline
 
 
 def method_spec(name: str) -> MethodSpec:

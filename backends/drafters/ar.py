@@ -11,6 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
+from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 
 
@@ -19,7 +20,7 @@ class ARSettings:
     """Plain decoding has nothing to tune."""
 
 
-class ARDrafter:
+class ARDrafter(Drafter):
     requires: frozenset[str] = frozenset()
 
     def __init__(self, settings: ARSettings | None = None) -> None:

@@ -90,7 +90,7 @@ class MethodSelector:
                 for kind, b in self.bandits.items()}
 
 
-class AutoDrafter:
+class AutoDrafter(Drafter):
     """Plays the arm the selector picks for this prompt and scores it."""
 
     def __init__(self, arms: Mapping[str, Drafter], *, costs: CostModel, selector: MethodSelector,

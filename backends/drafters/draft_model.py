@@ -25,7 +25,7 @@ import numpy as np
 
 from backends.core.controller import AcceptanceStats, LengthController
 from backends.core.costs import CostModel
-from backends.core.protocols import Target
+from backends.core.protocols import Drafter, Target
 from backends.core.sampling import make_rng, sample_token, target_distribution
 from backends.core.tree import tree_depths
 from backends.core.types import (EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, SamplingSettings, TargetOutput,
@@ -59,7 +59,7 @@ class DraftSettings:
             raise ValueError(f"tree_width must be in 1..8, got {self.tree_width}")
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     ask_cost = 2  # each drafted token costs a forward of the draft model (see specinfer)
 
     def __init__(
@@ -186,22 +186,24 @@ class DraftModelDrafter:
                 break
             row = self._advance(token, len(history))
         has_q = any(q is not None for q in probs)
-        return Proposal(tuple(tokens), tuple(parents), tuple(probs) if has_q else None)
+        return Proposal(tuple(tokens), tuple(parents), tuple(probs) if has_q else None, self._chances(parents))
 
-    def path_probs(self, proposal: Proposal) -> list[float]:
-        """Estimated chance the target accepts each node's path (used when merged with others):
-        chain nodes from the controller's per-position acceptance; a runner-up leaf gets a share
-        of what its chain sibling leaves over (a guess, kept low)."""
+    def _chances(self, parents: Sequence[int]) -> tuple[float, ...]:
+        """Estimated chance the target accepts each node's path: chain nodes from the
+        controller's per-position acceptance; a runner-up leaf gets a share of what its chain
+        sibling leaves over (a guess, kept low)."""
+        if not parents:
+            return ()
         acceptance = self.controller.acceptance()
-        depths = tree_depths(proposal.parents)
-        probs: list[float] = []
+        depths = tree_depths(parents)
+        chances: list[float] = []
         chain_child: set[int] = set()  # parents whose first (chain) child has been seen
-        for i, parent in enumerate(proposal.parents):
-            reach = 1.0 if parent < 0 else probs[parent]
+        for i, parent in enumerate(parents):
+            reach = 1.0 if parent < 0 else chances[parent]
             a = acceptance[min(int(depths[i]) - 1, len(acceptance) - 1)]
-            probs.append(reach * a if parent not in chain_child else reach * (1.0 - a) * 0.3)
+            chances.append(reach * a if parent not in chain_child else reach * (1.0 - a) * 0.3)
             chain_child.add(parent)
-        return probs
+        return tuple(chances)
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         if self._off:

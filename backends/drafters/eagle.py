@@ -36,6 +36,7 @@ import numpy as np
 from backends.core.controller import Bandit, TreeSizer
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
+from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.head_steps import HeadSteps, median_seconds
 from backends.drafters.rest import RankedTree
@@ -110,7 +111,7 @@ class _Grown:
                           np.exp(np.array([self.scores[i] for i in keep], np.float64)))
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     """Drafts EAGLE-2 trees from one head; keeps the head's cache of true states across steps."""
 
     def __init__(self, head: EagleHead, settings: EagleSettings | None = None, *,

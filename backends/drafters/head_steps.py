@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
-from backends.core.controller import Bandit, TreeLedger, TreeSizer, cost_at, drafting_gate
+from backends.core.controller import Bandit, Ledger, TreeSizer, cost_at, drafting_gate
 from backends.core.costs import CostModel
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.rest import RankedTree
@@ -39,7 +39,7 @@ class HeadSteps:
         self.begin()
 
     def begin(self) -> None:
-        self._ledger = TreeLedger()
+        self._ledger = Ledger()
         self._predicted = 0.0
         self._context_len = 0
         self._ran: float | None = None  # seconds the head took this step (None: it did not run)
@@ -52,8 +52,8 @@ class HeadSteps:
         self._context_len = len(context)
         self._predicted = 0.0
         self._ran = None
-        for predicted, matched, bucket in self._ledger.resolve(context):
-            self.sizer.update(predicted, matched, bucket)
+        for _, matched, predicted in self._ledger.resolve(context):
+            self.sizer.update(predicted, matched)
         if not ready or budget.max_nodes <= 0 or budget.max_depth <= 0:
             return False
         if self.adaptive and self.gate.choose() != HEADS:  # the head has not paid lately
@@ -73,10 +73,10 @@ class HeadSteps:
         self.head_seconds += self._ran
         n = self.sizer.choose(tree.probs, context=self._context_len) if self.adaptive else len(tree.tokens)
         if n == 0:
-            self._ledger.add(self._context_len, tree.tokens.tolist(), tree.parents.tolist(), float(tree.probs.sum()))
+            self._ledger.add(self._context_len, tree.proposal(len(tree.tokens)), float(tree.probs.sum()))
             return EMPTY_PROPOSAL
         self._predicted = float(tree.probs[:n].sum())
-        return tree.proposal(n)
+        return tree.proposal(n, self.sizer.calibration())
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         costs = self.sizer.costs

@@ -39,6 +39,7 @@ import numpy as np
 
 from backends.core.controller import Bandit, cost_at
 from backends.core.costs import CostModel
+from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.specinfer import merge
 
@@ -130,7 +131,7 @@ def default_shapes(settings: LookaheadSettings) -> list[tuple[int, int]]:
     return [(a, b) for a in sorted({w, w // 2, 0}) for b in sorted({g, 0}) if (a, b) != (0, 0)]
 
 
-class LookaheadDrafter:
+class LookaheadDrafter(Drafter):
     requires: frozenset[str] = frozenset({TREE, ROLLBACK})
     ask_cost = 0  # pool lookups; its Jacobi window rides in the verify forward
 

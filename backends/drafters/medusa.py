@@ -33,6 +33,7 @@ import numpy as np
 from backends.core.controller import Bandit, TreeSizer
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
+from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.head_steps import HeadSteps, median_seconds
 from backends.drafters.rest import RankedTree
@@ -79,7 +80,7 @@ def rank_medusa(ids: np.ndarray, probs: np.ndarray, *, max_nodes: int, max_depth
                       np.array(chances, dtype=np.float64))
 
 
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
     """Drafts from the heads; keeps the last accepted state between steps."""
 
     def __init__(self, heads: MedusaHeads, settings: MedusaSettings | None = None, *,

@@ -15,8 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
-from backends.core.controller import AcceptanceStats, LengthController, ShadowLedger, chain_path_probs
+from backends.core.controller import AcceptanceStats, LengthController, Ledger, chain_path_probs, length_class
 from backends.core.costs import CostModel
+from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, Budget, Proposal, TargetOutput, Verdict
 
 
@@ -49,11 +50,6 @@ class Match:
 
 
 NO_MATCH = Match([], 0, 0)
-
-
-def span_class(span: int) -> int:
-    """Buckets for acceptance statistics: 0, 1, 2, 3, 4-7, 8-15, 16+."""
-    return span if span < 4 else 4 if span < 8 else 8 if span < 16 else 16
 
 
 class NgramIndex:
@@ -104,11 +100,11 @@ class NgramIndex:
         return NO_MATCH
 
 
-class PLDDrafter:
+class PLDDrafter(Drafter):
     """Prompt lookup with a length controller: drafts only as long as it is expected to pay.
 
     Lookups are free, so every step makes one; when the controller withholds it, the guess goes to
-    a ``ShadowLedger`` and is scored against what the target emits next. The controller thus
+    a ``Ledger`` and is scored against what the target emits next. The controller thus
     learns this text's acceptance without paying for a single probe. Estimates are kept apart by
     the length of the matching span and by whether the previous guess was right, since copying
     comes in runs: inside a quoted passage the next guess is far likelier to hold (measured on
@@ -145,7 +141,7 @@ class PLDDrafter:
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         self._index = NgramIndex(self.settings.max_ngram, self.settings.min_ngram)
         self._index.extend(prompt)
-        self._shadow = ShadowLedger()
+        self._shadow = Ledger()
         self._bucket: tuple[int, bool] = (0, False)
         self._hot = False  # was the most recent guess right?
         self._context_len = len(prompt)
@@ -153,26 +149,22 @@ class PLDDrafter:
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._index.sync(context)
         self._context_len = len(context)
-        for guessed, matched, bucket in self._shadow.resolve(context):
-            self.controller.update(guessed, matched, bucket)
+        for guess, matched, bucket in self._shadow.resolve(context):
+            self.controller.update(guess.size, matched, bucket)
             self._hot = matched > 0
         match = self._index.lookup(self.settings.max_draft)
         tokens = match.tokens
-        self._bucket = (span_class(match.span), self._hot)
+        self._bucket = (length_class(match.span), self._hot)
         available = min(len(tokens), budget.max_depth, budget.max_nodes)
         if self.settings.adaptive:
             k = self.controller.choose(available, context=len(context), bucket=self._bucket)
         else:
             k = available
         if k == 0:
-            self._shadow.add(len(context), tokens, self._bucket)
+            self._shadow.add(len(context), Proposal.chain(tokens), self._bucket)
             return EMPTY_PROPOSAL
-        return Proposal.chain(tokens[:k])
-
-    def path_probs(self, proposal: Proposal) -> list[float]:
-        """For each node of the last proposal, the estimated chance the target accepts its path
-        (the product of this bucket's per-position acceptance); used when it is merged."""
-        return chain_path_probs(self.controller.acceptance(self._bucket), proposal.size)
+        # each node's chance: the product of this bucket's per-position acceptance
+        return Proposal.chain(tokens[:k], chances=chain_path_probs(self.controller.acceptance(self._bucket), k))
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)

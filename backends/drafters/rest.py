@@ -11,7 +11,7 @@ Example: after ``def main(`` a Python datastore has continuations ``) :`` (60%),
 
 How many nodes to verify is the ``TreeSizer``'s call (measured verify costs against the
 predicted gain, calibrated by what was accepted). Lookups cost no forward, so trees that were not
-worth verifying are scored against the text that followed (``TreeLedger``) to keep calibrating;
+worth verifying are scored against the text that followed (the ``Ledger``) to keep calibrating;
 they do cost some CPU, so a run of fruitless lookups spaces the next ones out.
 
 Whether to consult the datastore at all is a ``Bandit``'s call (the gate): every step that looks
@@ -40,9 +40,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, TreeLedger, TreeSizer, cost_at, drafting_gate
+from backends.core.controller import Bandit, Ledger, TreeSizer, cost_at, drafting_gate, length_class
 from backends.core.costs import CostModel
 from backends.core.tree import fit_paths
+from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.pld import PLDDrafter
 from backends.models.datastore import DATASTORE_FILE, Continuations, Datastore
@@ -95,8 +96,10 @@ class RankedTree:
     probs: np.ndarray  # [n] float64, share of occurrences through each node
     bucket: int = 0  # class of the matched suffix length (calibration is kept per class)
 
-    def proposal(self, n: int) -> Proposal:
-        return Proposal(tuple(int(t) for t in self.tokens[:n]), tuple(int(p) for p in self.parents[:n]))
+    def proposal(self, n: int, calibration: float = 1.0) -> Proposal:
+        """The first ``n`` nodes; their chances are the shares times ``calibration`` (at most 1)."""
+        return Proposal(tuple(int(t) for t in self.tokens[:n]), tuple(int(p) for p in self.parents[:n]),
+                        chances=tuple(min(1.0, calibration * float(p)) for p in self.probs[:n]))
 
     def within_paths(self, max_paths: int) -> RankedTree:
         """The ranking less the nodes that would open more than ``max_paths`` root-to-leaf paths
@@ -108,11 +111,6 @@ class RankedTree:
         new_index[keep] = np.arange(len(keep), dtype=np.int32)
         parents = np.where(self.parents[keep] < 0, -1, new_index[self.parents[keep]]).astype(np.int32)
         return RankedTree(self.tokens[keep], parents, self.probs[keep], self.bucket)
-
-
-def match_class(matched: int) -> int:
-    """Buckets of matched suffix length: 0 (none), 1, 2, 3, 4-7, 8-15, 16+."""
-    return matched if matched < 4 else 4 if matched < 8 else 8 if matched < 16 else 16
 
 
 def rank(cont: Continuations, max_depth: int, top: int | None = None) -> RankedTree:
@@ -132,10 +130,10 @@ def rank(cont: Continuations, max_depth: int, top: int | None = None) -> RankedT
     new_index[order] = np.arange(len(order), dtype=np.int32)
     parents = np.where(cont.parents[order] < 0, -1, new_index[cont.parents[order]])
     return RankedTree(cont.tokens[order], parents.astype(np.int32), cont.counts[order] / (cont.total + 1),
-                      match_class(cont.matched))
+                      length_class(cont.matched))
 
 
-class RESTDrafter:
+class RESTDrafter(Drafter):
     requires: frozenset[str] = frozenset({TREE, ROLLBACK})
     ask_cost = 1  # a lookup is a few binary searches: no forward, but not free (see specinfer)
 
@@ -160,11 +158,10 @@ class RESTDrafter:
         if self.conversation is not None:
             self.conversation.begin(prompt)
         self._from_conversation = False  # did the last proposal come from the conversation?
-        self._ledger = TreeLedger()
+        self._ledger = Ledger()
         self._predicted = 0.0
         self._misses = 0  # lookups in a row that drafted nothing
         self._skip = 0  # steps to draft nothing without looking up
-        self._probs: list[float] = []
         self._bucket = 0
         self._context_len = len(prompt)
         self._match: tuple[int, int] | None = None  # (longest match length, context length) of the last lookup
@@ -188,7 +185,7 @@ class RESTDrafter:
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._context_len = len(context)
         self._lookup_s = None
-        for predicted, matched, bucket in self._ledger.resolve(context):
+        for _, matched, (predicted, bucket) in self._ledger.resolve(context):
             self.sizer.update(predicted, matched, bucket)
         if self.conversation is not None:
             proposal = self.conversation.propose(context, budget)
@@ -218,18 +215,10 @@ class RESTDrafter:
         self._bucket = tree.bucket
         n = self.sizer.choose(tree.probs[:limit], context=len(context), bucket=tree.bucket) if self.settings.adaptive else limit
         if n == 0:
-            self._ledger.add(len(context), tree.tokens[:limit].tolist(), tree.parents[:limit].tolist(),
-                             float(tree.probs[:limit].sum()), tree.bucket)
+            self._ledger.add(len(context), tree.proposal(limit), (float(tree.probs[:limit].sum()), tree.bucket))
             return EMPTY_PROPOSAL
         self._predicted = float(tree.probs[:n].sum())
-        self._probs = [min(1.0, self.sizer.calibration(tree.bucket) * float(p)) for p in tree.probs[:n]]
-        return tree.proposal(n)
-
-    def path_probs(self, proposal: Proposal) -> list[float]:
-        """Calibrated shares of the last proposal's nodes (used when it is merged with others)."""
-        if self._from_conversation and self.conversation is not None:
-            return self.conversation.path_probs(proposal)
-        return self._probs[: proposal.size]
+        return tree.proposal(n, self.sizer.calibration(tree.bucket))
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         if self._from_conversation and self.conversation is not None:

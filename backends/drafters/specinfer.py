@@ -74,15 +74,18 @@ class MergedTree:
 
 
 def merge(proposals: Sequence[Proposal]) -> MergedTree:
-    """Insert every proposal into one trie (see the module docstring for what merges)."""
+    """Insert every proposal into one trie (see the module docstring for what merges). A merged
+    node's chance is the highest among the proposals that hold it; a child is never rated above
+    its parent, since whoever proposed the child proposed the parent too."""
     tokens: list[int] = []
     parents: list[int] = []
     probs: list[np.ndarray | None] = []
+    chances: list[float] = []
     index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> deterministic merged node
     maps = []
     for prop in proposals:
         local: list[int] = []
-        for i, token in enumerate(prop.tokens):
+        for i, (token, chance) in enumerate(zip(prop.tokens, chances_of(prop))):
             parent = -1 if prop.parents[i] < 0 else local[prop.parents[i]]
             q = prop.q(i)
             node = index.get((parent, token)) if q is None else None
@@ -91,13 +94,22 @@ def merge(proposals: Sequence[Proposal]) -> MergedTree:
                 tokens.append(token)
                 parents.append(parent)
                 probs.append(q)
+                chances.append(chance)
                 if q is None:
                     index[(parent, token)] = node
+            chances[node] = max(chances[node], chance)
             local.append(node)
         maps.append(tuple(local))
     has_q = any(q is not None for q in probs)
-    merged = Proposal(tuple(tokens), tuple(parents), tuple(probs) if has_q else None)
+    merged = Proposal(tuple(tokens), tuple(parents), tuple(probs) if has_q else None, tuple(chances))
     return MergedTree(merged, tuple(maps))
+
+
+def chances_of(proposal: Proposal) -> tuple[float, ...]:
+    """The proposal's own chances, or 0.5 per level for a drafter that gives none."""
+    if proposal.chances is not None:
+        return proposal.chances
+    return tuple(0.5 ** int(d) for d in tree_depths(proposal.parents)) if proposal.size else ()
 
 
 def project(verdict: Verdict, proposal: Proposal, mapping: Sequence[int]) -> Verdict:
@@ -122,35 +134,20 @@ def project(verdict: Verdict, proposal: Proposal, mapping: Sequence[int]) -> Ver
     return Verdict(path=tuple(path), tokens=verdict.tokens, drafted=len(kept), draft_depth=depth)
 
 
-def merged_path_probs(drafters: Sequence[Drafter], proposals: Sequence[Proposal], tree: MergedTree) -> np.ndarray:
-    """Each merged node's chance of being accepted: the highest estimate among the drafters that
-    proposed it (``path_probs`` where a drafter has it, else 0.5 per level). A child is never
-    rated above its parent, since whoever proposed the child proposed the parent too."""
-    probs = np.zeros(tree.proposal.size)
-    for drafter, prop, mapping in zip(drafters, proposals, tree.maps):
-        estimate = getattr(drafter, "path_probs", None)
-        values = estimate(prop) if estimate else [0.5 ** int(d) for d in tree_depths(prop.parents)]
-        for local, merged in enumerate(mapping):
-            probs[merged] = max(probs[merged], values[local])
-    return probs
-
-
 def select(tree: MergedTree, keep: Sequence[int]) -> MergedTree:
     """The merged tree cut down to ``keep`` (merged indices, parents included), maps updated."""
     keep = sorted(keep)
     new = {old: i for i, old in enumerate(keep)}
-    p = tree.proposal
-    proposal = Proposal(tuple(p.tokens[i] for i in keep), tuple(-1 if p.parents[i] < 0 else new[p.parents[i]] for i in keep),
-                        None if p.draft_probs is None else tuple(p.draft_probs[i] for i in keep))
+    proposal = tree.proposal.subset(keep)
     maps = tuple(tuple(new.get(m, -1) for m in mapping) for mapping in tree.maps)
     return MergedTree(proposal, maps)
 
 
-class SpecInferDrafter:
+class SpecInferDrafter(Drafter):
     """Merges the sub-drafters' proposals, then keeps the nodes worth verifying together.
 
     Each sub-drafter sized its proposal as if verified alone; together they cost more. So the
-    merged nodes are ranked by their estimated acceptance (``merged_path_probs``) and a
+    merged nodes are ranked by their estimated acceptance (their ``chances``, see ``merge``) and a
     ``TreeSizer`` keeps the count that maximizes expected tokens per unit of measured verify cost,
     which is never worse than the better sub-proposal alone by the sizer's own estimate. When only
     one drafter proposed, its proposal goes to the target as it is: it was sized for exactly that,
@@ -195,16 +192,15 @@ class SpecInferDrafter:
             prop = drafter.propose(context, budget).pruned(budget) if asked else EMPTY_PROPOSAL
             self._asked.append(asked)
             self._last.append(prop)
-            estimate = getattr(drafter, "path_probs", None)
-            if prop.size and estimate is not None and _ask_cost(drafter) == 0:
-                confident = max(confident, float(sum(estimate(prop))))
+            if prop.size and prop.chances is not None and _ask_cost(drafter) == 0:
+                confident = max(confident, float(sum(prop.chances)))
         live = [prop for prop in self._last if prop.size]
         if len(live) <= 1:  # nobody drafts (the common case on a CPU), or one proposal, sized by its
             # drafter for being verified alone: nothing to merge or re-size
             self._maps = tuple(tuple(range(prop.size)) for prop in self._last)
             return live[0] if live else EMPTY_PROPOSAL
         tree = merge(self._last)
-        probs = merged_path_probs(self.drafters, self._last, tree)
+        probs = np.asarray(tree.proposal.chances)
         ranked = np.argsort(-probs, kind="stable")  # parents rank before children
         # the target's sequence limit: a node that would open one path too many goes, with its subtree
         ranked = np.asarray(fit_paths(tree.proposal.parents, budget.max_paths, order=ranked.tolist()), dtype=np.int64)
@@ -232,5 +228,5 @@ class SpecInferDrafter:
 
 
 def _ask_cost(drafter: Drafter) -> int:
-    """How dear a proposal is to make: 0 free, 1 a search, 2 model forwards (unknown: 1)."""
-    return int(getattr(drafter, "ask_cost", 1))
+    """How dear a proposal is to make: 0 free, 1 a search, 2 model forwards."""
+    return drafter.ask_cost

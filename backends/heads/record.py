@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from backends.core.errors import ModelFileError
+from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, Budget, Proposal, TargetOutput, Verdict
 
 
@@ -35,7 +36,7 @@ class Sample:
     n_prompt: int  # how many of the tokens are the prompt
 
 
-class Recorder:
+class Recorder(Drafter):
     """A drafter that drafts nothing and records the target's hidden states."""
 
     requires = frozenset({HIDDEN_STATES})
