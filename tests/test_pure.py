@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from backends.core.acceptance import accept_greedy, accept_stochastic, try_candidates
-from backends.core.controller import AcceptanceStats, LengthController, Ledger, length_class
+from backends.core.controller import AcceptanceStats, LengthController, Ledger, chain_path_probs, length_class
+from backends.core.planner import expected_speeds
 from backends.core.costs import CostModel
 from backends.core.sampling import apply_repeat_penalty, target_distribution
 from backends.core.text import TextStream
@@ -226,7 +227,8 @@ def flat(costs):
 def test_controller_worked_example():
     c = LengthController(flat([1.0, 1.8, 2.0, 2.1]), max_len=3, stats=AcceptanceStats(prior=0.9, prior_weight=1e9))
     assert c.choose(3, context=10) == 3
-    assert c.speedups(1, context=10)[1] == pytest.approx(1.9 / 1.8)
+    one = expected_speeds(chain_path_probs(c.acceptance(), 1), c.costs.relative(10))
+    assert one[1] == pytest.approx(1.9 / 1.8)
     low = LengthController(flat([1.0, 1.8, 2.0, 2.1]), max_len=3, stats=AcceptanceStats(prior=0.3, prior_weight=1e9),
                            probe_every=1000)
     assert low.choose(3, context=10) == 0

@@ -15,6 +15,7 @@ from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.types import Budget, GenerationSettings, Proposal, SamplingSettings, TargetOutput, Verdict
 from backends.core.controller import chain_path_probs
+from backends.core.planner import expected_speeds
 from backends.drafters.rest import RESTDrafter, RESTSettings, rank
 from backends.models.datastore import (
     Datastore,
@@ -129,7 +130,7 @@ def test_sizer_takes_the_best_tree_and_nothing_that_loses():
     assert linear.choose([0.1, 0.05], context=10) == 0  # no size beats plain decoding
     for probs in ([0.3, 0.1], [0.6, 0.2, 0.2, 0.1], [0.05] * 10):
         n = linear.choose(probs, context=10)
-        assert n == 0 or linear.speedups(probs, context=10)[n] > 1.0
+        assert n == 0 or expected_speeds(probs, linear.costs.relative(10))[n] > 1.0
 
 
 def test_sizer_calibration_learns_from_outcomes():

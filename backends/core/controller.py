@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Callable, Hashable, Mapping, Sequence
 
 from backends.core.costs import CostModel
+from backends.core.planner import MIN_GAIN, best_size, expected_speeds
 from backends.core.tree import tree_depths
 from backends.core.types import Proposal
 
@@ -79,7 +80,7 @@ class LengthController:
         max_len: int,
         stats: AcceptanceStats | None = None,
         probe_every: int | None = None,
-        min_gain: float = 1.05,
+        min_gain: float = MIN_GAIN,
     ) -> None:
         self.costs = costs
         self.max_len = min(max_len, costs.k_max)
@@ -94,16 +95,6 @@ class LengthController:
     def update(self, drafted: int, accepted: int, bucket: Hashable = None) -> None:
         self.stats.update(drafted, accepted, bucket)
 
-    def speedups(self, limit: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0,
-                 fixed_cost: float = 0.0) -> list[float]:
-        """Expected speed of drafting k = 0..limit tokens relative to plain decoding.
-
-        Drafting ``k`` tokens costs ``cost[k] + fixed_cost + k * draft_cost`` forwards: the verify,
-        a one-off price for drafting at all (a draft model catching up), and each drafted token.
-        """
-        chances = chain_path_probs(self.acceptance(bucket), min(limit, self.max_len))
-        return expected_speeds(chances, self.costs.relative(context), fixed_cost=fixed_cost, per_node=draft_cost)
-
     def can_pay(self, limit: int, *, context: int, draft_cost: float = 0.0, fixed_cost: float = 0.0) -> bool:
         """Whether even perfect acceptance would beat plain decoding."""
         certain = [1.0] * min(limit, self.max_len)
@@ -116,9 +107,10 @@ class LengthController:
         limit = min(available, self.max_len)
         if limit <= 0:
             return 0
-        speeds = self.speedups(limit, context=context, bucket=bucket, draft_cost=draft_cost, fixed_cost=fixed_cost)
-        best = max(range(limit + 1), key=speeds.__getitem__)
-        if speeds[best] > self.min_gain:
+        chances = chain_path_probs(self.acceptance(bucket), limit)
+        best = best_size(chances, self.costs.relative(context), fixed_cost=fixed_cost, per_node=draft_cost,
+                         min_gain=self.min_gain)
+        if best:
             return best
         if self.probe_every and self.can_pay(limit, context=context, draft_cost=draft_cost, fixed_cost=fixed_cost):
             idle = self._idle.get(bucket, 0) + 1
@@ -193,28 +185,6 @@ def length_class(n: int) -> int:
     return n if n < 4 else 4 if n < 8 else 8 if n < 16 else 16
 
 
-def expected_speeds(chances: Sequence[float], relative: Sequence[float], *, fixed_cost: float = 0.0,
-                    per_node: float = 0.0) -> list[float]:
-    """Speed relative to plain decoding of verifying the first n = 0..len(chances) nodes of a
-    ranked proposal: ``(1 + chances[0] + ... + chances[n - 1]) / (cost[n] + fixed_cost + n *
-    per_node)``, the bonus token plus each node's chance that its path is accepted, over the
-    verify's measured relative cost (``cost_at``), a one-off price of drafting at all and a
-    price per drafted node (a draft model's forwards). ``n = 0`` is plain decoding: 1.0.
-
-    Example: chances ``[0.9, 0.81]``, cost ``[1, 1.8, 2.0]``: 1.0, 1.9 / 1.8 = 1.06, 2.71 / 2.0 = 1.36."""
-    out, expected = [1.0], 1.0
-    for n, chance in enumerate(chances, start=1):
-        expected += chance
-        out.append(expected / (cost_at(relative, n) + fixed_cost + n * per_node))
-    return out
-
-
-def cost_at(relative: Sequence[float], n: int) -> float:
-    """Relative cost of verifying ``n`` nodes; past the measured curve, grown linearly from its end."""
-    k_max = len(relative) - 1
-    return relative[n] if n <= k_max else relative[k_max] * n / max(k_max, 1)
-
-
 class TreeSizer:
     """How many nodes of a ranked candidate tree to verify, or none.
 
@@ -231,7 +201,7 @@ class TreeSizer:
     Example: cost ``[1, 1.3, 1.5]``, ``p = [0.6, 0.3]``, ``c = 1``: speeds 1, 1.23, 1.27: two nodes.
     """
 
-    def __init__(self, costs: CostModel, *, max_nodes: int, min_gain: float = 1.05, prior: float = 0.7,
+    def __init__(self, costs: CostModel, *, max_nodes: int, min_gain: float = MIN_GAIN, prior: float = 0.7,
                  prior_weight: float = 2.0, decay: float = 0.95) -> None:
         self.costs = costs
         self.max_nodes = max_nodes
@@ -245,15 +215,10 @@ class TreeSizer:
         accepted, predicted = self._sums.get(bucket, (0.0, 0.0))
         return (accepted + self.prior * self.prior_weight) / (predicted + self.prior_weight)
 
-    def speedups(self, probs: Sequence[float], *, context: int, bucket: Hashable = None) -> list[float]:
-        """Expected speed relative to plain decoding of verifying the first n = 0..len nodes."""
-        c = self.calibration(bucket)
-        return expected_speeds([min(1.0, c * p) for p in probs[: self.max_nodes]], self.costs.relative(context))
-
     def choose(self, probs: Sequence[float], *, context: int, bucket: Hashable = None) -> int:
-        speeds = self.speedups(probs, context=context, bucket=bucket)
-        best = max(range(len(speeds)), key=speeds.__getitem__)
-        return best if speeds[best] > self.min_gain else 0
+        c = self.calibration(bucket)
+        return best_size([min(1.0, c * p) for p in probs[: self.max_nodes]], self.costs.relative(context),
+                         min_gain=self.min_gain)
 
     def update(self, predicted: float, accepted: int, bucket: Hashable = None) -> None:
         """One verified (or shadow-scored) tree: how many tokens it was predicted to and did yield."""

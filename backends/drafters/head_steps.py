@@ -16,7 +16,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
-from backends.core.controller import Bandit, Ledger, TreeSizer, cost_at, drafting_gate
+from backends.core.controller import Bandit, Ledger, TreeSizer, drafting_gate
+from backends.core.planner import cost_at
 from backends.core.costs import CostModel
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.rest import RankedTree

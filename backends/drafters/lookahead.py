@@ -37,7 +37,8 @@ from typing import Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, cost_at
+from backends.core.controller import Bandit
+from backends.core.planner import cost_at
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict

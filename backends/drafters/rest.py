@@ -40,7 +40,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, Ledger, TreeSizer, cost_at, drafting_gate, length_class
+from backends.core.controller import Bandit, Ledger, TreeSizer, drafting_gate, length_class
+from backends.core.planner import cost_at
 from backends.core.costs import CostModel
 from backends.core.tree import fit_paths
 from backends.core.protocols import Drafter

@@ -35,10 +35,10 @@ from typing import Sequence
 
 import numpy as np
 
-from backends.core.controller import TreeSizer
+from backends.core.planner import plan_nodes
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
-from backends.core.tree import fit_paths, tree_depths
+from backends.core.tree import tree_depths
 from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.models.datastore import DATASTORE_FILE
 
@@ -147,17 +147,18 @@ class SpecInferDrafter(Drafter):
     """Merges the sub-drafters' proposals, then keeps the nodes worth verifying together.
 
     Each sub-drafter sized its proposal as if verified alone; together they cost more. So the
-    merged nodes are ranked by their estimated acceptance (their ``chances``, see ``merge``) and a
-    ``TreeSizer`` keeps the count that maximizes expected tokens per unit of measured verify cost,
-    which is never worse than the better sub-proposal alone by the sizer's own estimate. When only
+    merged tree, with each node's chance (see ``merge``), goes through the planner
+    (``backends.core.planner``): the count of likeliest nodes that maximizes expected tokens per
+    unit of measured verify cost, which is never worse than the better sub-proposal alone by the
+    drafters' own estimates. There is no calibration here: each chance comes from a drafter that
+    calibrates itself, also from the steps where it was not verified. When only
     one drafter proposed, its proposal goes to the target as it is: it was sized for exactly that,
     by the drafter's own controller, so specinfer then decodes as that drafter alone would.
     """
 
     CONFIDENT = 1.0  # expected accepted tokens from free drafters that make a model's draft unneeded
 
-    def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None,
-                 sizer: TreeSizer | None = None, playing: str = "") -> None:
+    def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None, playing: str = "") -> None:
         """``playing``: which drafters run, when the registry left one out (shown in stats)."""
         self.playing = playing
         # Drafters are asked cheapest first (``ask_cost``: 0 for an n-gram lookup, more for a
@@ -167,11 +168,6 @@ class SpecInferDrafter(Drafter):
         self.drafters = sorted(drafters, key=_ask_cost)
         self.requires = frozenset({TREE}).union(*(d.requires for d in self.drafters))
         self.costs = costs or CostModel.from_relative([1.0] * 65)
-        # No calibration of its own (prior 1, never updated): each estimate comes from a
-        # drafter that calibrates itself, also from the steps where it was not verified. A
-        # calibration learned here only from verified trees could sink once and, drafting
-        # nothing, never learn again.
-        self.sizer = sizer or TreeSizer(self.costs, max_nodes=64, prior=1.0)
         self._last: list[Proposal] = []
         self._asked: list[bool] = []  # per sub-drafter: was it asked to propose this step?
         self._maps: tuple[tuple[int, ...], ...] = ()
@@ -200,13 +196,7 @@ class SpecInferDrafter(Drafter):
             self._maps = tuple(tuple(range(prop.size)) for prop in self._last)
             return live[0] if live else EMPTY_PROPOSAL
         tree = merge(self._last)
-        probs = np.asarray(tree.proposal.chances)
-        ranked = np.argsort(-probs, kind="stable")  # parents rank before children
-        # the target's sequence limit: a node that would open one path too many goes, with its subtree
-        ranked = np.asarray(fit_paths(tree.proposal.parents, budget.max_paths, order=ranked.tolist()), dtype=np.int64)
-        ranked = ranked[: budget.max_nodes]
-        n = self.sizer.choose(probs[ranked], context=len(context)) if len(ranked) else 0
-        chosen = select(tree, ranked[:n].tolist())
+        chosen = select(tree, plan_nodes(tree.proposal, self.costs.relative(len(context)), budget))
         self._maps = chosen.maps
         return chosen.proposal
 
