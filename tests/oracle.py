@@ -38,6 +38,7 @@ class OracleTarget:
         if hidden_size:
             self.offers = frozenset({TREE, ROLLBACK, HIDDEN_STATES})
         self._keep_hidden = False
+        self._hidden_from = 0
         self.table = rng.normal(size=(vocab, vocab, vocab)).astype(np.float32) * sharpness
         if perturb:
             noise = np.random.default_rng(perturb_seed).normal(size=self.table.shape).astype(np.float32)
@@ -80,7 +81,7 @@ class OracleTarget:
         self.tokens = []
 
     def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
-                hidden: bool = False) -> int:
+                hidden: bool = False, hidden_from: int = 0) -> int:
         if len(tokens) > self.n_ctx:
             raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
         common = 0
@@ -89,6 +90,7 @@ class OracleTarget:
         if hidden and self.states is None:
             raise BackendError("this oracle has no hidden states (hidden_size=0)")
         self._keep_hidden = hidden
+        self._hidden_from = hidden_from  # states before it are not handed out (as a real target keeps none)
         del self.tokens[common:]
         for start in range(common, len(tokens), self.limits.max_batch):
             if stop is not None and stop():
@@ -129,9 +131,10 @@ class OracleTarget:
         return TargetOutput(logits=np.stack(rows), hidden=hidden)
 
     def hidden_states(self, start: int, end: int) -> np.ndarray:
-        if not self._keep_hidden or end > len(self.tokens):
+        if not self._keep_hidden or end > len(self.tokens) or start < self._hidden_from:
             raise BackendError(f"no hidden states kept for positions {start}..{end - 1}")
-        return np.stack([self.state_for(self.tokens[: i + 1]) for i in range(start, end)]).reshape(-1, self.hidden_size)
+        rows = [self.state_for(self.tokens[: i + 1]) for i in range(start, end)]
+        return np.stack(rows).reshape(-1, self.hidden_size) if rows else np.zeros((0, self.hidden_size), np.float32)
 
     def commit(self, verdict: Verdict) -> None:
         root, tokens = self._pending

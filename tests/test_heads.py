@@ -178,6 +178,35 @@ def test_llama_target_hidden_states_match_one_token_forwards(smollm_q4_path):
         stepwise.close()
 
 
+def test_a_prefill_computes_states_only_from_where_the_drafter_reads(smollm_q4_path):
+    """``hidden_from``: the positions before it go the fast way (no per-row logits); the states
+    from it on are the ones a full prefill gives, and a later prefill that needs earlier states
+    computes them instead of handing out what was never kept."""
+    from backends.llamacpp.model import LlamaModel
+    from backends.llamacpp.target import LlamaTarget
+
+    with LlamaModel(smollm_q4_path) as model:
+        tokens = model.tokenize("The quick brown fox jumps over the lazy dog, and then it runs far away")
+        full = LlamaTarget(model, n_ctx=256)
+        full.prefill(tokens, hidden=True)
+        ref = full.hidden_states(0, len(tokens))
+        scale = np.abs(ref).max()
+        part = LlamaTarget(model, n_ctx=256)
+        k = len(tokens) - 4
+        assert part.prefill(tokens, hidden=True, hidden_from=k) == 0
+        assert np.abs(part.hidden_states(k, len(tokens)) - ref[k:]).max() < 0.01 * scale
+        with pytest.raises(BackendError, match="not kept"):
+            part.hidden_states(k - 1, len(tokens))
+        longer = [*tokens, 11, 12]
+        assert part.prefill(longer, hidden=True, hidden_from=k) == len(tokens)  # the states so far still serve
+        assert part.hidden_states(k, len(longer)).shape == (len(longer) - k, model.n_embd)
+        assert part.prefill(longer, hidden=True, hidden_from=2) == 2  # earlier states: computed from there
+        assert np.abs(part.hidden_states(2, len(tokens)) - ref[2:]).max() < 0.01 * scale
+        assert part.verify(13, Proposal()).hidden.shape == (1, model.n_embd)  # and every verify returns them
+        full.close()
+        part.close()
+
+
 def test_recorder_keeps_one_state_per_position_but_the_last(smollm_q4_path):
     from backends.llamacpp.model import LlamaModel
     from backends.llamacpp.target import LlamaTarget

@@ -89,9 +89,11 @@ def generate(
     t0 = clock()
     stats = StatsRecorder(method, len(prompt))
     hidden = HIDDEN_STATES in drafter.requires
+    first = max(0, len(prompt) - 1 - drafter.prompt_states)  # the first prompt position whose state it reads
     try:
-        reused = target.prefill(prompt[:-1], stop=None if cancel is None else cancel.is_set, hidden=hidden)
-        drafter.begin(prompt, target.hidden_states(0, len(prompt) - 1) if hidden else None)
+        reused = target.prefill(prompt[:-1], stop=None if cancel is None else cancel.is_set, hidden=hidden,
+                                hidden_from=first)
+        drafter.begin(prompt, target.hidden_states(first, len(prompt) - 1) if hidden else None)
     except Cancelled:
         yield Finished(reason="cancelled", tokens=(), text="", stats=stats.result("cancelled"))
         return

@@ -7,11 +7,11 @@ backend and backends never depend on a drafter.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from backends.core.types import Budget, Proposal, TargetLimits, TargetOutput, Verdict
+from backends.core.types import HIDDEN_STATES, NO_LIMIT, Budget, Proposal, TargetLimits, TargetOutput, Verdict
 
 
 @runtime_checkable
@@ -35,17 +35,19 @@ class Target(Protocol):
         """Empty the KV cache."""
 
     def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
-                hidden: bool = False) -> int:
+                hidden: bool = False, hidden_from: int = 0) -> int:
         """Make the cache hold exactly ``tokens`` (reusing a common prefix); returns reused count.
 
         ``stop`` is asked between chunks of the prompt; once it says yes the prefill raises
         ``Cancelled``, leaving a prefix of ``tokens`` in the cache (a later prefill reuses it).
-        ``hidden`` (targets offering ``HIDDEN_STATES``): keep every position's hidden state for
-        ``hidden_states``, and return states with every verify until a prefill without it."""
+        ``hidden`` (targets offering ``HIDDEN_STATES``): keep the hidden state of every position
+        from ``hidden_from`` on for ``hidden_states``, and return states with every verify until a
+        prefill without it. Positions before ``hidden_from`` may be computed without them (a
+        prefill that returns states costs more: llama.cpp then computes every row's logits)."""
 
     def hidden_states(self, start: int, end: int) -> np.ndarray:
         """The kept hidden states of cached positions ``start .. end - 1``, [end - start, d] float32
-        (``HIDDEN_STATES`` targets, after ``prefill(..., hidden=True)``)."""
+        (``HIDDEN_STATES`` targets, after ``prefill(..., hidden=True, hidden_from <= start)``)."""
 
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
         """One forward over the root (at position ``n_past``) and every proposal node."""
@@ -78,13 +80,19 @@ class Drafter(Protocol):
     # How dear a proposal is to make, for a drafter that asks several (``specinfer``): 0 free (a
     # dictionary lookup), 1 a search, 2 model forwards.
     ask_cost: int = 1
+    # How many of the prompt's last positions' hidden states ``begin`` reads (``HIDDEN_STATES``
+    # drafters): the target computes states for those only. An EAGLE head reads a window of
+    # them, Medusa's the last one, a recording all.
+    prompt_states: int = NO_LIMIT
     playing: str = ""  # what runs this answer, where the drafter chooses (``auto``'s arm), for stats
     declined: str = ""  # why this answer drafted nothing, where the drafter chose so, for stats
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         """A new answer starts after ``prompt`` (the engine has prefilled the target). A drafter
-        that requires ``HIDDEN_STATES`` gets the target's states of ``prompt[:-1]`` as ``hidden``
-        ([len(prompt) - 1, d]); the root's comes as row 0 of the first verify."""
+        that requires ``HIDDEN_STATES`` gets the target's states of the last ``n =
+        min(prompt_states, len(prompt) - 1)`` positions before the root as ``hidden`` ([n, d]:
+        row ``i`` is position ``len(prompt) - 1 - n + i``); the root's comes as row 0 of the first
+        verify."""
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         """Tokens that may follow ``context`` (whose last token is the root)."""
@@ -99,3 +107,9 @@ class Drafter(Protocol):
         others judged it too dear this time); ``tokens`` is what the step emitted. Keep up with
         the text (a draft model queues them for its next catch-up); there is nothing to learn, and
         ``observe`` does not follow."""
+
+
+def prompt_states_of(drafters: Iterable[Drafter]) -> int:
+    """The prompt states a drafter combining ``drafters`` must ask for: the most any of those that
+    read hidden states reads."""
+    return max((d.prompt_states for d in drafters if HIDDEN_STATES in d.requires), default=0)

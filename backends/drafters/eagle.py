@@ -120,6 +120,7 @@ class EagleDrafter(Drafter):
         self.head = head
         self.settings = settings or EagleSettings()
         self.requires = frozenset({HIDDEN_STATES, ROLLBACK, TREE})
+        self.prompt_states = self.settings.context_rows
         self.steps = HeadSteps(max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, costs=costs,
                                sizer=sizer, gate=gate, clock=clock)
         self.sizer, self.gate = self.steps.sizer, self.steps.gate
@@ -152,9 +153,10 @@ class EagleDrafter(Drafter):
         self._frontier: tuple[int, np.ndarray] | None = None  # (position, the state its row predicted)
         self._root = len(prompt) - 1
         # pending rows: (feature [d], next token, position); the prompt's last rows, row t = (f_t, x_{t+1})
-        n = 0 if hidden is None else min(len(hidden), len(prompt) - 1)
-        first = max(0, n - self.settings.context_rows)
-        self._pending = [(hidden[t], int(prompt[t + 1]), t) for t in range(first, n)]
+        n = 0 if hidden is None else min(len(hidden), len(prompt) - 1, self.settings.context_rows)
+        start = len(prompt) - 1 - n  # hidden's last n rows are positions start .. len(prompt) - 2
+        rows = hidden[len(hidden) - n :] if n else ()
+        self._pending = [(row, int(prompt[start + i + 1]), start + i) for i, row in enumerate(rows)]
 
     def _catch_up(self) -> None:
         """Run the pending rows (true states) into the cache; the last one's output is the frontier."""

@@ -89,6 +89,7 @@ class MedusaDrafter(Drafter):
         self.heads = heads
         self.settings = settings or MedusaSettings()
         self.requires = frozenset({HIDDEN_STATES, ROLLBACK} | ({TREE} if self.settings.width > 1 else set()))
+        self.prompt_states = 1  # the heads read the last state only
         self.steps = HeadSteps(max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, costs=costs,
                                sizer=sizer, gate=gate, clock=clock)
         self.sizer, self.gate = self.steps.sizer, self.steps.gate

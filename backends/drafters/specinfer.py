@@ -37,7 +37,7 @@ import numpy as np
 
 from backends.core.planner import plan_nodes
 from backends.core.costs import CostModel
-from backends.core.protocols import Drafter
+from backends.core.protocols import Drafter, prompt_states_of
 from backends.core.tree import tree_depths
 from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.models.datastore import DATASTORE_FILE
@@ -167,6 +167,7 @@ class SpecInferDrafter(Drafter):
         # merged tree then leaves their nodes out.
         self.drafters = sorted(drafters, key=_ask_cost)
         self.requires = frozenset({TREE}).union(*(d.requires for d in self.drafters))
+        self.prompt_states = prompt_states_of(self.drafters)
         self.costs = costs or CostModel.from_relative([1.0] * 65)
         self._last: list[Proposal] = []
         self._asked: list[bool] = []  # per sub-drafter: was it asked to propose this step?

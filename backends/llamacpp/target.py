@@ -135,7 +135,8 @@ class LlamaTarget:
         self._keep_hidden = False  # the last prefill asked for hidden states: every forward returns them
         self._embeddings = False  # what llama_set_embeddings was last told
         self._states: np.ndarray | None = None  # [n_ctx, hidden_size] float16, the cached positions' states
-        self._n_states = 0  # positions 0 .. _n_states - 1 have a state
+        self._states_from = 0  # positions _states_from .. _n_states - 1 have a state
+        self._n_states = 0
         self._last_hidden: np.ndarray | None = None  # [1 + n_nodes, hidden_size] of the last verify
         self._views()
 
@@ -181,7 +182,7 @@ class LlamaTarget:
     def reset(self) -> None:
         llama().llama_memory_clear(self.mem, True)
         self._tokens = []
-        self._n_states = 0
+        self._states_from = self._n_states = 0
 
     def truncate(self, n: int) -> None:
         """Forget everything from position ``n`` on; raises ``BackendError`` when the cache cannot
@@ -202,6 +203,7 @@ class LlamaTarget:
             return False
         del self._tokens[n:]
         self._n_states = min(self._n_states, n)
+        self._states_from = min(self._states_from, self._n_states)
         return self._holds(n)
 
     def _holds(self, n: int) -> bool:
@@ -218,14 +220,15 @@ class LlamaTarget:
         return 0 <= lib.llama_memory_seq_pos_min(self.mem, 0) <= need
 
     def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
-                hidden: bool = False) -> int:
+                hidden: bool = False, hidden_from: int = 0) -> int:
         """Bring the cache to exactly ``tokens``, reusing the common prefix; returns reused count.
 
         A prefix the cache cannot be cut back to (a sliding window that moved past it, a recurrent
         state) is computed again from the start. ``stop`` is asked before every chunk of
         ``n_batch`` tokens; a yes raises ``Cancelled`` with the chunks so far kept. ``hidden``:
-        keep the hidden state of every position (``hidden_states``), and return the states of
-        every later forward, until a prefill without it."""
+        keep the hidden state of every position from ``hidden_from`` on (``hidden_states``), and
+        return the states of every later forward, until a prefill without it; the positions
+        before it are computed the fast way, without embeddings."""
         tokens = list(tokens)
         if len(tokens) > self.n_ctx:
             raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
@@ -235,14 +238,22 @@ class LlamaTarget:
         if hidden and self._states is None:
             self._states = np.empty((self.n_ctx, self.hidden_size), dtype=np.float16)  # pages fill as used
         common = 0
-        limit = min(len(tokens), len(self._tokens), self._n_states if hidden else len(self._tokens))
+        limit = min(len(tokens), len(self._tokens), self._reusable(hidden_from) if hidden else len(self._tokens))
         while common < limit and tokens[common] == self._tokens[common]:
             common += 1
         if common < len(self._tokens) and not self._forget(common):
             self.reset()
         reused = len(self._tokens)
-        self._decode_chunks(tokens[reused:], last_logits=False, stop=stop)
+        first = max(reused, hidden_from)  # the first state this prefill computes
+        if hidden and not self._states_from <= first == self._n_states:
+            self._states_from = self._n_states = first  # the kept states do not run up to it: start afresh
+        self._decode_chunks(tokens[reused:], last_logits=False, stop=stop, hidden_from=hidden_from)
         return reused
+
+    def _reusable(self, hidden_from: int) -> int:
+        """How much of the cache a prefill that wants states from ``hidden_from`` on can keep: up
+        to the last kept state when the kept ones reach back to ``hidden_from``, else up to it."""
+        return self._n_states if self._states_from <= hidden_from <= self._n_states else hidden_from
 
     def extend(self, tokens: Sequence[int]) -> TargetOutput:
         """Append ``tokens`` in chunks of ``n_batch``; the logits after the last one (a copy, [1, vocab])."""
@@ -258,9 +269,11 @@ class LlamaTarget:
     def hidden_states(self, start: int, end: int) -> np.ndarray:
         """The hidden states of cached positions ``start .. end - 1``, [end - start, hidden_size]
         float32 (a copy); only after a prefill that asked for them."""
-        if not self._keep_hidden or self._states is None or end > self._n_states or not 0 <= start <= end:
+        if start == end and self._keep_hidden:
+            return np.zeros((0, self.hidden_size), np.float32)
+        if not self._keep_hidden or self._states is None or end > self._n_states or not self._states_from <= start <= end:
             raise BackendError(f"hidden states of positions {start}..{end - 1} were not kept "
-                               f"({self._n_states} positions have one)")
+                               f"(positions {self._states_from}..{self._n_states - 1} have one)")
         return self._states[start:end].astype(np.float32)
 
     def _use_embeddings(self, on: bool) -> None:
@@ -277,28 +290,35 @@ class LlamaTarget:
 
     def _store_states(self, position: int, rows: np.ndarray) -> None:
         """Keep states for positions from ``position`` on, if they continue the kept ones."""
-        if self._states is not None and position <= self._n_states:
+        if self._states is not None and self._states_from <= position <= self._n_states:
             self._states[position : position + len(rows)] = rows
             self._n_states = position + len(rows)
 
-    def _decode_chunks(self, tokens: list[int], *, last_logits: bool, stop: Callable[[], bool] | None = None) -> int:
-        """Decode ``tokens`` after the cache, ``n_batch`` at a time, logits for the very last one
-        only when asked; returns that token's row in the last batch."""
-        row = 0
-        self._use_embeddings(self._keep_hidden)
-        size = min(self._capacity, HIDDEN_CHUNK) if self._keep_hidden else self._capacity
-        for start in range(0, len(tokens), size):
+    def _decode_chunks(self, tokens: list[int], *, last_logits: bool, stop: Callable[[], bool] | None = None,
+                       hidden_from: int = 0) -> int:
+        """Decode ``tokens`` after the cache, ``n_batch`` at a time (while states are kept, from
+        position ``hidden_from`` on, ``HIDDEN_CHUNK`` at a time with every row an output), logits
+        for the very last one only when asked; returns that token's row in the last batch."""
+        row, start = 0, 0
+        while start < len(tokens):
             if stop is not None and stop():
                 raise Cancelled(f"stopped after {start} of {len(tokens)} prompt tokens")
+            keep = self._keep_hidden and self.n_past >= hidden_from
+            size = min(self._capacity, HIDDEN_CHUNK) if keep else self._capacity
+            if self._keep_hidden and not keep:
+                size = min(size, hidden_from - self.n_past)  # the fast way up to the first kept state
             chunk = tokens[start : start + size]
-            self._fill_chain(chunk, self.n_past, want_logits=self._keep_hidden)  # embeddings: every row an output
+            self._use_embeddings(keep)
+            self._fill_chain(chunk, self.n_past, want_logits=keep)  # embeddings: every row an output
             row = len(chunk) - 1
             if last_logits and start + len(chunk) == len(tokens):
                 self._out[row] = 1
             self._decode(len(chunk))
-            if self._keep_hidden:
+            if keep:
                 self._store_states(self.n_past, self._read_hidden(len(chunk)))
             self._tokens.extend(chunk)
+            start += len(chunk)
+        self._use_embeddings(self._keep_hidden)  # what every later forward returns
         return row
 
     # -- verify / commit -----------------------------------------------------------------------
