@@ -202,3 +202,19 @@ class LlamaModel:
     @property
     def name(self) -> str:
         return self.meta("general.name") or Path(self.path).stem
+
+    def new_context(self, what: str, **settings: object):
+        """A llama.cpp context over this model with ``settings`` over the defaults (fields of
+        ``llama_context_params``); ``BackendError`` naming ``what`` and llama.cpp's reason when
+        it cannot be made (most often memory)."""
+        lib = llama()
+        params = lib.llama_context_default_params()
+        params.no_perf = True
+        for name, value in settings.items():
+            setattr(params, name, value)
+        recent_errors.clear()
+        ctx = lib.llama_init_from_model(self.ptr, params)
+        if not ctx:
+            reason = "; ".join(recent_errors) or "out of memory?"
+            raise BackendError(f"llama.cpp could not create {what}: {reason}")
+        return ctx

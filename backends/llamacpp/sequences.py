@@ -41,21 +41,11 @@ class LlamaSequences:
         lib = llama()
         if n_seqs < 1 or n_ctx_seq < 16:
             raise ValueError(f"need at least one sequence of 16 tokens, got {n_seqs} of {n_ctx_seq}")
-        params = lib.llama_context_default_params()
-        params.n_ctx = n_seqs * n_ctx_seq
-        params.n_batch = params.n_ubatch = n_batch
-        params.n_seq_max = n_seqs
-        params.kv_unified = False  # a stream per sequence: attention reads only its own cells
-        params.n_threads = params.n_threads_batch = n_threads
-        params.embeddings = True
-        params.no_perf = True
-        recent_errors.clear()
-        ctx = lib.llama_init_from_model(model.ptr, params)
-        if not ctx:
-            reason = "; ".join(recent_errors) or "out of memory?"
-            raise BackendError(f"llama.cpp could not create {n_seqs} sequences of {n_ctx_seq} tokens: {reason}")
-        self.ctx = ctx
-        self.mem = lib.llama_get_memory(ctx)
+        self.ctx = model.new_context(
+            f"{n_seqs} sequences of {n_ctx_seq} tokens", n_ctx=n_seqs * n_ctx_seq, n_batch=n_batch, n_ubatch=n_batch,
+            n_seq_max=n_seqs, kv_unified=False,  # a stream per sequence: attention reads only its own cells
+            n_threads=n_threads, n_threads_batch=n_threads, embeddings=True)
+        self.mem = lib.llama_get_memory(self.ctx)
         self.n_seqs, self.n_ctx_seq, self.n_batch = n_seqs, n_ctx_seq, n_batch
         self.n_vocab, self.d = model.n_vocab, model.n_embd
         self.n_past = [0] * n_seqs

@@ -97,21 +97,9 @@ class LlamaTarget:
             raise ValueError(f"n_ctx must be at least 16, got {n_ctx}")
         self.model = model
         threads = n_threads or default_threads()
-        params = lib.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = max_tree_paths
-        params.n_threads = threads
-        params.n_threads_batch = n_threads_batch or threads
-        params.flash_attn_type = FLASH_ATTN[flash_attn]
-        params.kv_unified = True
-        params.no_perf = True
-        recent_errors.clear()
-        ctx = lib.llama_init_from_model(model.ptr, params)
-        if not ctx:
-            reason = "; ".join(recent_errors) or "out of memory?"
-            raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens: {reason}")
+        ctx = model.new_context(f"a context of {n_ctx} tokens", n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                                n_seq_max=max_tree_paths, n_threads=threads, n_threads_batch=n_threads_batch or threads,
+                                flash_attn_type=FLASH_ATTN[flash_attn], kv_unified=True)
         self.ctx = ctx
         self.mem = lib.llama_get_memory(ctx)
         self.n_ctx: int = lib.llama_n_ctx(ctx)
