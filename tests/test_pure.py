@@ -464,3 +464,20 @@ def test_widest_paying_batch_reads_the_measured_curve():
     assert widest_paying_batch(flat, 0, 3) == 3
     steep = CostModel.from_relative([1.0, 2.0, 3.0, 4.0])  # a row costs as much as the last: one at a time
     assert widest_paying_batch(steep, 0, 4) == 1
+
+
+def test_the_planner_verifies_what_pays_on_this_curve_and_fits_one_forward():
+    from backends.core.planner import best_size, plan_nodes
+
+    amd = [1.0, 1.86, 1.90, 1.95]  # the worked example of backends/core/planner.py
+    assert best_size([0.9, 0.81, 0.73], amd) == 3
+    assert best_size([0.3, 0.09, 0.03], amd) == 0
+    assert best_size([0.9], [1.0, 1.24]) == 1
+    assert best_size([0.9, 0.81], amd, per_node=0.8) == 0  # a draft token as dear as 0.8 forwards
+    tree = Proposal((5, 6, 7, 8), (-1, 0, -1, 2), chances=(0.9, 0.8, 0.2, 0.1))  # 5 -> 6, 7 -> 8
+    flat = [1.0] * 8
+    assert plan_nodes(tree, flat, Budget(max_nodes=8, max_depth=8)) == [0, 1, 2, 3]
+    assert plan_nodes(tree, flat, Budget(max_nodes=3, max_depth=8)) == [0, 1, 2]  # likeliest first
+    assert plan_nodes(tree, flat, Budget(max_nodes=8, max_depth=1)) == [0, 2]
+    assert plan_nodes(tree, flat, Budget(max_nodes=8, max_depth=8, max_paths=1)) == [0, 1]
+    assert plan_nodes(tree, [1.0, 1.3, 1.6, 1.9, 2.2], Budget(max_nodes=8, max_depth=8)) == [0, 1]

@@ -9,7 +9,7 @@ the ``n`` likeliest nodes then emits on average the bonus token plus each node's
 
     speed(n) = (1 + chance[0] + ... + chance[n - 1]) / (cost[n] + fixed_cost + n * per_node),
 
-relative to plain decoding (``speed(0) == 1``). ``plan`` ranks the nodes by chance (a child never
+relative to plain decoding (``speed(0) == 1``). ``plan_nodes`` ranks the nodes by chance (a child never
 outranks its parent: its chance is at most its parent's), keeps what the target can take in one
 forward (``Budget``: nodes, depth, root-to-leaf paths) and verifies the best ``n``, or nothing
 when no ``n`` beats plain decoding by ``MIN_GAIN`` (the estimates are noisy; a step that drafts
@@ -20,8 +20,8 @@ and 4 nodes 1.98 (measured); say 1.90 and 1.95 for 2 and 3. Prompt lookup found 
 after a long quoted span, chances 0.9, 0.81, 0.73: speeds 1.0, 1.9 / 1.86 = 1.02, 2.71 / 1.90 =
 1.43, 3.44 / 1.95 = 1.76, so all three are verified. The same chain after a one-token match,
 chances 0.3, 0.09, 0.03: at best 1.39 / 1.90 = 0.73, so nothing is, and the guess goes to the
-drafter's ``Ledger`` to be scored against what the target writes next. On an Intel Xeon, where 2 nodes cost 1.24, the first chain's single node
-alone is worth 1.9 / 1.24 = 1.53.
+drafter's ``Ledger`` to be scored against what the target writes next. On an Intel Xeon, where
+1 node (2 rows) costs 1.24, the first chain's first node alone is worth 1.9 / 1.24 = 1.53.
 
 Drafters differ only in where chances come from (prompt lookup and the draft model: per-position
 acceptance counted per bucket; REST and the trained heads: shares or head probabilities times a
@@ -36,7 +36,7 @@ from typing import Sequence
 import numpy as np
 
 from backends.core.tree import fit_paths, tree_depths
-from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal
+from backends.core.types import Budget, Proposal
 
 MIN_GAIN = 1.05  # the speed over plain decoding a verify must promise
 
@@ -89,9 +89,3 @@ def plan_nodes(proposal: Proposal, relative: Sequence[float], budget: Budget, *,
     chances = proposal.chances if proposal.chances is not None else (1.0,) * proposal.size
     n = best_size([chances[i] for i in order], relative, fixed_cost=fixed_cost, per_node=per_node, min_gain=min_gain)
     return sorted(order[:n])
-
-
-def plan(proposal: Proposal, relative: Sequence[float], budget: Budget, **prices: float) -> Proposal:
-    """The part of ``proposal`` worth verifying (``plan_nodes``), ``EMPTY_PROPOSAL`` when none is."""
-    nodes = plan_nodes(proposal, relative, budget, **prices)
-    return proposal.subset(nodes) if nodes else EMPTY_PROPOSAL
