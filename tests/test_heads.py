@@ -358,3 +358,16 @@ def test_saved_chats_give_their_user_turns_by_conversation(tmp_path, monkeypatch
     store.replace_messages(third, [StoredMessage("user", "Count to three.")])
     store.close()
     assert conversations("chats") == {second: ["Name a fruit."], third: ["Count to three."]}
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_both_bundled_files_find_their_own_shipped_head_first(kind, smollm_q4_path, smollm_f16_path, monkeypatch, tmp_path):
+    """Heads ship for the bundled Q4_1 file and its F16 derivative; each finds its own weight
+    type's head first (the other still fits, as a close match)."""
+    from backends.heads.files import find_heads
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # no user heads
+    for path, ftype, other in ((smollm_q4_path, "q4_1", "f16"), (smollm_f16_path, "f16", "q4_1")):
+        found = find_heads(path, kind)
+        assert [p.name for p in found] == [f"smollm2-135m-{ftype}.{kind}.json", f"smollm2-135m-{other}.{kind}.json"]
+        HeadFile.load(found[0]).check_for(ModelFingerprint.of(path), kind)
