@@ -525,6 +525,7 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
          gen: GenerationSettings, out: TextIO, progress: TextIO, sampler: Sampler | None) -> dict:
     costs = session.cost_model()  # measured once, shared by every method of this run
     draft_costs = session.draft_cost_model()
+    plain = baseline_method()
     runners = {m: PeerRunner(session, m) if m in PEERS else EngineRunner(session, m, config.method_settings.get(m, {}))
                for m in methods}
     print_costs(costs, costs.contexts, progress)
@@ -542,8 +543,8 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
             for m in order if repeat % 2 == 0 else order[::-1]:
                 results[m].append(play(runners[m], session, prompt, gen))
         for m in methods:
-            div = None if is_baseline(m) else divergence(session, results[m][0], results[baseline_method()][0], gen.sampling)
-            records.append(make_record(m, prompt, results[m], results[baseline_method()], div, m in PEERS, sampler))
+            div = None if m == plain else divergence(session, results[m][0], results[plain][0], gen.sampling)
+            records.append(make_record(m, prompt, results[m], results[plain], div, m in PEERS, sampler))
         elapsed = time.perf_counter() - started
         print(f"[{index + 1}/{len(prompts)}] {prompt.category} q{prompt.question_id}: "
               + ", ".join(f"{r['method']} {r['speedup']:.2f}x" for r in records[-len(methods):]) + f" ({elapsed:.0f} s)",

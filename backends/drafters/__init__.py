@@ -443,7 +443,6 @@ REGISTRY: dict[str, MethodSpec] = {
 }
 
 
-DEFAULT_METHOD = "auto"  # what a session runs when it is not told
 FIRST_COMPARED = ("ar", "pld")  # the comparison panel's methods until the user picks others
 FIRST_SHOWN = "pld"  # the method chooser's choice before the advice for a model arrives
 
