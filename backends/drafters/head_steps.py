@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
-from backends.core.controller import Bandit, Ledger, TreeSizer, drafting_gate
-from backends.core.planner import cost_at
+from backends.core.controller import Bandit, Ledger, TreeSizer, chain_path_probs, drafting_gate
+from backends.core.planner import MIN_GAIN, cost_at, expected_speeds
 from backends.core.costs import CostModel
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.rest import RankedTree
@@ -95,15 +95,11 @@ def chain_tokens(agreement: Sequence[float], depth: int) -> float:
     deep: the bonus token plus each guess whose guesses before it were all right. ``agreement``
     is the head's held-out top-1 agreement per guess, each given the ones before it were right
     (what ``specdeck train`` records). Example: [0.5, 0.4] at depth 2: 1 + 0.5 + 0.2 = 1.7."""
-    total, run = 1.0, 1.0
-    for a in list(agreement)[:depth]:
-        run *= a
-        total += run
-    return total
+    return 1.0 + sum(chain_path_probs(agreement, min(depth, len(agreement))))
 
 
 def could_pay(agreement: Sequence[float], costs: CostModel, head_forwards: Callable[[int], float], *,
-              min_gain: float = 1.05) -> bool:
+              min_gain: float = MIN_GAIN) -> bool:
     """Whether a head with this agreement could beat plain decoding on this machine: at the best
     chain depth, the tokens it emits over the verify's measured cost plus the head's own time
     (``head_forwards(depth)``, in target forwards), at the shortest measured context (where
@@ -113,8 +109,8 @@ def could_pay(agreement: Sequence[float], costs: CostModel, head_forwards: Calla
     Example: SmolLM2 F16 on 2 AMD cores, verifying 2 rows costs 1.86 forwards: EAGLE's
     agreement 0.35 gives 1.35 tokens for 1.86 + 0.25, far below 1."""
     relative = costs.relative(costs.contexts[0])
-    speeds = [chain_tokens(agreement, k) / (cost_at(relative, k) + head_forwards(k))
-              for k in range(1, len(agreement) + 1)]
+    chances = chain_path_probs(agreement, len(agreement))
+    speeds = [expected_speeds(chances[:k], relative, fixed_cost=head_forwards(k))[k] for k in range(1, len(chances) + 1)]
     return bool(speeds) and max(speeds) > min_gain
 
 
