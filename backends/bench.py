@@ -38,7 +38,8 @@ from typing import Iterable, Sequence, TextIO
 
 import numpy as np
 
-from backends.core.costs import CostModel, CpuWatch
+from backends.core.costs import CostModel
+from backends.core.timing import CpuWatch
 from backends.core.errors import SpecDeckError
 from backends.core.sampling import apply_repeat_penalty
 from backends.core.types import Finished, GenerationSettings, Proposal, RunStats, SamplingSettings

@@ -16,7 +16,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from backends.bench import EngineRunner, decode_rate, default_prompts, load_prompts, play  # noqa: E402
 from backends.drafters import baseline_method  # noqa: E402
-from backends.core.costs import CpuWatch  # noqa: E402
+from backends.core.timing import CpuWatch  # noqa: E402
 from backends.core.types import GenerationSettings  # noqa: E402
 from backends.factory import Session, SessionConfig  # noqa: E402
 from backends.hardware.telemetry import Sampler  # noqa: E402

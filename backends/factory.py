@@ -21,7 +21,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from backends.core.costs import SHORT_CONTEXT, CostModel, CpuWatch, time_forwards, time_here
+from backends.core.costs import CostModel
+from backends.core.timing import SHORT_CONTEXT, CpuWatch, time_forwards, time_here
 from backends.core.engine import generate
 from backends.core.errors import IncompatibleDraftError, SpecDeckError
 from backends.core.noise import BatchNoise, measure_batch_noise

@@ -19,7 +19,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.core.costs import CpuWatch  # noqa: E402
+from backends.core.timing import CpuWatch  # noqa: E402
 from backends.core.types import Proposal, Verdict  # noqa: E402
 from backends.llamacpp.model import LlamaModel  # noqa: E402
 from backends.llamacpp.target import LlamaTarget  # noqa: E402

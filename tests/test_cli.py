@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from backends.bench import NOISY_OTHER_CPU, BenchConfig, load_prompts, run_bench, spec_bench_category
-from backends.core.costs import SHORT_CONTEXT
+from backends.core.timing import SHORT_CONTEXT
 from backends.core.types import GenerationSettings
 from backends.factory import Session, SessionConfig
 from backends.hardware.observed import ObservedStore

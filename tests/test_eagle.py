@@ -162,14 +162,14 @@ def test_eagle2_sampling_keeps_the_target_distribution(oracle_eagle):
         assert chi2 < dof + 5 * np.sqrt(2 * dof), f"token {k + 1}: chi2 {chi2:.1f} for {dof} degrees of freedom"
 
 
-def test_the_drafter_skips_until_it_knows_the_root_state(oracle_eagle):
+def test_the_drafter_waits_until_it_knows_the_root_state(oracle_eagle):
     head = EagleHead(oracle_eagle, embed)
     drafter = EagleDrafter(head, EagleSettings(adaptive=False), costs=COSTS)
-    drafter.begin([1, 2, 3], np.zeros((2, WIDE), np.float32))
     budget = Budget.for_step(TargetLimits(max_batch=64, max_paths=8), room=100, wanted=100)
+    drafter.begin([1, 2, 3], np.zeros((2, WIDE), np.float32))
     assert drafter.propose([1, 2, 3], budget).size > 0
-    drafter.skipped([4, 5])
-    assert drafter.propose([1, 2, 3, 4, 5], budget).size == 0  # the state after 4 is unknown
+    drafter.begin([3], np.zeros((0, WIDE), np.float32))  # a one-token prompt: no state before the root
+    assert drafter.propose([3], budget).size == 0
 
 
 def test_the_fit_estimator_counts_the_eagle_head_and_its_cache(tmp_path, monkeypatch, smollm_q4_path):
@@ -188,13 +188,12 @@ def test_the_fit_estimator_counts_the_eagle_head_and_its_cache(tmp_path, monkeyp
 
 
 def test_a_head_could_pay_only_where_verifying_is_cheap_enough():
-    from backends.core.costs import CostModel
-    from backends.drafters.head_steps import chain_tokens, could_pay
+    from backends.core.controller import chain_path_probs
+    from backends.core.planner import could_pay
 
-    assert chain_tokens([0.5, 0.4], 2) == pytest.approx(1.7)
-    assert chain_tokens([0.5, 0.4], 1) == pytest.approx(1.5)
-    flat = CostModel.from_relative([1.0 + 0.02 * k for k in range(17)])
-    steep = CostModel.from_relative([1.0] + [1.86 + 0.1 * k for k in range(16)])
-    assert could_pay([0.35, 0.25], flat, lambda depth: 0.05 * depth)
-    assert not could_pay([0.35, 0.25], steep, lambda depth: 0.05 * depth)
-    assert not could_pay([0.35, 0.25], flat, lambda depth: 1.0 * depth)  # a head as dear as the model
+    chances = chain_path_probs([0.35, 0.25], 2)  # a head's held-out agreement: 1.35 tokens for 2
+    flat = [1.0 + 0.02 * k for k in range(17)]
+    steep = [1.0] + [1.86 + 0.1 * k for k in range(16)]
+    assert could_pay(chances, flat, lambda depth: 0.05 * depth)
+    assert not could_pay(chances, steep, lambda depth: 0.05 * depth)
+    assert not could_pay(chances, flat, lambda depth: 1.0 * depth)  # a head as dear as the model

@@ -249,15 +249,14 @@ def test_draft_model_prices_its_catch_up_as_a_one_off():
     assert drafter._choose_length(8, context=33, steps_left=64) > 0
 
 
-def test_a_draft_that_cannot_pay_is_not_asked_every_step():
-    """A draft model as slow as its target never pays: after the controller says so, the drafter
-    skips it for HOPELESS_SKIP steps (asking costs 1% of a forward), then asks again."""
-    from backends.drafters.draft_model import HOPELESS_SKIP
-
+def test_a_draft_that_cannot_pay_stops_being_asked():
+    """A draft model as slow as its target never pays: its gate stops it after 16 trials that lost
+    to plain decoding and re-checks it only within its exploration share (asking the controller
+    costs 1% of a forward), with no skip flag of its own."""
     asked = []
     drafter = DraftModelDrafter(OracleTarget(32, seed=1), DraftSettings(), sampling=SamplingSettings(),
                                 target_vocab=32, costs=COSTS, draft_costs=COSTS)
     choose = drafter.controller.choose
     drafter.controller.choose = lambda *a, **kw: asked.append(1) or choose(*a, **kw)
-    stats = run(OracleTarget(32, seed=0), drafter, [1, 2, 3], GenerationSettings(max_new_tokens=2 * HOPELESS_SKIP + 4)).stats
-    assert stats.drafted == 0 and len(asked) == 3  # at steps 0, 17 and 34 of 36
+    stats = run(OracleTarget(32, seed=0), drafter, [1, 2, 3], GenerationSettings(max_new_tokens=300)).stats
+    assert stats.drafted == 0 and 16 <= len(asked) <= 24, len(asked)

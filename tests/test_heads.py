@@ -329,6 +329,7 @@ def test_training_stopped_halfway_resumes_to_the_same_head(tmp_path):
 
 def test_heads_that_cannot_pay_stop_running(oracle_head):
     """Where verifying a guess costs as much as a forward, the gate learns to leave the heads off."""
+    from backends.core.controller import RUN
     from backends.core.costs import CostModel
 
     dear = CostModel.from_relative([1.0 + i for i in range(25)])  # every node costs a whole forward
@@ -337,7 +338,7 @@ def test_heads_that_cannot_pay_stop_running(oracle_head):
     finished = list(generate(oracle, drafter, oracle_prompt(9), GenerationSettings(max_new_tokens=400)))[-1]
     assert finished.stats.new_tokens == 400
     chosen = drafter.gate.chosen
-    assert chosen.get("off", 0) > 4 * chosen.get("heads", 0), chosen
+    assert chosen.get("off", 0) > 4 * chosen.get(RUN, 0), chosen
 
 
 def test_saved_chats_give_their_user_turns_by_conversation(tmp_path, monkeypatch):

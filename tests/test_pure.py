@@ -303,7 +303,7 @@ def test_cost_model_takes_a_curve_measured_later():
 
 
 def test_timing_probes_leave_the_cache_as_they_found_it_and_stop_when_asked():
-    from backends.core.costs import probe_sizes, time_here
+    from backends.core.timing import probe_sizes, time_here
     from tests.oracle import OracleTarget
 
     target = OracleTarget(n_ctx=128)
@@ -336,7 +336,7 @@ def test_the_ledger_scores_withheld_chains():
 
 
 def test_cost_probes_are_chains_then_four_branch_trees():
-    from backends.core.costs import interpolate, probe, probe_sizes
+    from backends.core.timing import interpolate, probe, probe_sizes
 
     assert probe_sizes(8) == [0, 1, 2, 4, 8]
     assert probe_sizes(10) == [0, 1, 2, 4, 8, 10]

@@ -154,7 +154,7 @@ def test_tree_verify_matches_chains_and_commit_keeps_the_path(smollm_session):
 def test_cost_curve_reaches_64_node_trees(smollm_session):
     # the controller sizes merged and retrieval trees of up to 64 nodes from this curve: trees must
     # be measured (through the tree path of the backend), not extrapolated from chains of 16
-    from backends.core.costs import probe_sizes, time_forwards
+    from backends.core.timing import probe_sizes, time_forwards
 
     target = smollm_session.target
     smollm_session.reset()

@@ -312,7 +312,7 @@ def test_fruitless_lookups_are_spaced_out_and_a_match_resets_them(tmp_path):
 
 
 def test_the_gate_stops_consulting_a_datastore_that_does_not_pay_and_keeps_one_that_does(tmp_path):
-    from backends.drafters.rest import DATASTORE, new_gate
+    from backends.core.controller import RUN
 
     oracle = OracleTarget(32, seed=5)
     store = _store(tmp_path, [[31, 30] * 50])  # text the oracle never produces after this prompt
@@ -327,15 +327,14 @@ def test_the_gate_stops_consulting_a_datastore_that_does_not_pay_and_keeps_one_t
 
     drafter = RESTDrafter(Slow(store.path), RESTSettings(conversation=False), costs=COSTS, clock=lambda: now[0])
     finished = run(oracle, drafter, list(range(5, 25)), GenerationSettings(max_new_tokens=400))
-    assert drafter.gate.best() == "off" and drafter.gate.speed(DATASTORE) < 0.7
-    # 16 trials, then probes no sooner than 32, 64, 128 ... rounds apart; spacing the lookups out
-    # alone (the backoff) would still look up every 16th step
+    assert drafter.gate.best() == "off" and drafter.gate.speed(RUN) < 0.7
+    # 16 trials, then probes no sooner than 32, 64, 128 ... rounds apart
     assert len(calls) <= 24 < finished.stats.forwards / 16
 
     sampling = SamplingSettings()
     prompt = [5, 9, 2, 7]
     answer = plain_greedy(oracle, prompt, 64, sampling)
     paying = RESTDrafter(_store(tmp_path, [[1, 1] + prompt + answer], name="paying"), RESTSettings(conversation=False),
-                         costs=COSTS, gate=new_gate())
+                         costs=COSTS)
     run(oracle, paying, prompt, GenerationSettings(max_new_tokens=64))
-    assert paying.gate.best() == DATASTORE and paying.gate.speed(DATASTORE) > 2.0
+    assert paying.gate.best() == RUN and paying.gate.speed(RUN) > 2.0

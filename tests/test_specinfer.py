@@ -12,7 +12,8 @@ from backends.core.types import GenerationSettings, Proposal, SamplingSettings, 
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
 from backends.drafters.rest import RESTDrafter, RESTSettings
-from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings, merge, project
+from backends.drafters.merge import merge, project
+from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings
 from tests.oracle import OracleTarget
 from tests.test_engine import CHEAP_DRAFT, COSTS, drafted_matching_plain_greedy, run
 from tests.test_rest import _oracle_store
@@ -172,8 +173,8 @@ def test_auto_arms_are_prompt_lookup_or_rest_and_a_draft_model_merged(smollm_ses
     assert plain_arms(with_store) == ["rest", "specinfer:pld,draft,rest"]  # rest in prompt lookup's place
     assert arms["rest"].conversation is not None  # REST searches the conversation before the datastore
     with_rest = arms["specinfer:pld,draft,rest"]
-    assert [type(d).__name__ for d in with_rest.drafters] == ["PLDDrafter", "RESTDrafter", "DraftModelDrafter"]  # free ones first
-    assert with_rest.drafters[1].conversation is None  # pld searches the conversation once, not twice
+    assert [type(d).__name__ for d in with_rest.drafters] == ["PLDDrafter", "DraftModelDrafter", "RESTDrafter"]
+    assert with_rest.drafters[2].conversation is None  # pld searches the conversation once, not twice
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as alone:
         assert plain_arms(alone.drafter("auto", SamplingSettings())) == ["pld"]
         assert plain_arms(alone.drafter("auto", SamplingSettings(), datastore=store)) == ["rest"]
@@ -204,7 +205,7 @@ def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session, monkeypa
 
 
 def test_merged_tree_is_cut_to_what_pays_and_drafters_only_book_verified_nodes():
-    from backends.drafters.specinfer import select
+    from backends.drafters.merge import select
 
     sure = Proposal.chain([5, 6, 7, 8], chances=[0.9, 0.8, 0.05, 0.01])  # confident in its first two tokens only
     unsure = Proposal.chain([5, 9], chances=[0.1, 0.02])

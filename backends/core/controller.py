@@ -1,34 +1,31 @@
-"""How long to draft: the length that maximizes expected tokens per second, or nothing.
+"""What drafters learn from their own history, and the one rule for whether to draft at all.
 
-Verifying ``k`` drafted tokens costs ``cost[k]`` target forwards' worth of time (``cost[0] == 1``
-is plain decoding; on a CPU ``cost[4]`` is 1.3x-2.8x depending on the weight type, the build and
-the context length, so drafting is not free; ``CostModel`` knows the curve). With per-position
-acceptance ``a_1, a_2, ...`` (position d accepted given d - 1 was), drafting ``k`` tokens emits
-``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1...a_k`` tokens per step, and with a draft model costing
-``draft_cost`` forwards per token the speed relative to plain decoding is
-``E(k) / (cost[k] + k * draft_cost)``. ``choose`` returns the best ``k``, or 0 (draft
-nothing) when no ``k`` promises more than ``min_gain``.
+How much to verify is the planner's call (``backends.core.planner``) from per-node chances; this
+module holds where those chances come from and how they stay honest:
 
-Worked example: cost ``[1, 1.8, 2.0, 2.1]``, acceptance ``[0.9, 0.9, 0.9]``: E = 1.9, 2.71, 3.44,
-speeds 1.06, 1.36, 1.64: draft 3. With acceptance ``[0.3, ...]`` every speed is below 1: draft 0.
+- ``AcceptanceStats``: per-position acceptance of chains, counted per bucket (prompt lookup, the
+  draft model), which ``LengthController`` turns into a draft length;
+- ``TreeSizer``: a calibration of a ranked tree's own estimates (a datastore's shares, a head's
+  probabilities), per bucket;
+- ``Ledger``: guesses that were not verified, scored against what the target then wrote, which
+  under greedy decoding is exactly the acceptance they would have had, and under sampling as
+  likely (a one-hot guess ``x`` is accepted with the chance the target samples ``x``);
+- ``Bandit``: the one way a choice between options is learned from measured speed, used per step
+  by ``Gate`` (does a costly drafter draft now?) and per answer by ``auto`` (which method?).
 
-Estimates are counts with exponential forgetting (``decay`` per update), so the controller follows
-a text that changes character halfway. A drafter whose guesses are free to make (prompt lookup)
-also learns from the steps where it did not draft: the ``Ledger`` compares each withheld guess
-with the tokens the target went on to emit, which under greedy decoding is exactly the acceptance
-the guess would have had, and under sampling has the same probability (a one-hot draft ``x`` is
-accepted with probability ``p(x)``, the chance that the target samples ``x``). Drafters whose
-guesses cost a forward instead probe now and then with ``probe_every``.
+Estimates are counts with exponential forgetting, so they follow a text that changes character
+halfway.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Hashable, Mapping, Sequence
 
 from backends.core.costs import CostModel
-from backends.core.planner import MIN_GAIN, best_size, expected_speeds
+from backends.core.planner import MIN_GAIN, best_size, cost_at, could_pay
 from backends.core.tree import tree_depths
-from backends.core.types import Proposal
+from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, RankedTree, TargetOutput, Verdict
 
 
 class AcceptanceStats:
@@ -71,7 +68,10 @@ class AcceptanceStats:
 
 
 class LengthController:
-    """The length choice from acceptance estimates and the cost model."""
+    """A chain's length: what the planner picks (``best_size``) from this bucket's per-position
+    acceptance, with drafting's own cost priced in. A drafter whose guesses cost forwards cannot
+    score withheld ones for free, so with ``probe_every`` it drafts the full length once after that
+    many steps it held back although drafting could have paid."""
 
     def __init__(
         self,
@@ -97,9 +97,8 @@ class LengthController:
 
     def can_pay(self, limit: int, *, context: int, draft_cost: float = 0.0, fixed_cost: float = 0.0) -> bool:
         """Whether even perfect acceptance would beat plain decoding."""
-        certain = [1.0] * min(limit, self.max_len)
-        speeds = expected_speeds(certain, self.costs.relative(context), fixed_cost=fixed_cost, per_node=draft_cost)
-        return max(speeds[1:], default=0.0) > self.min_gain
+        return could_pay([1.0] * min(limit, self.max_len), self.costs.relative(context),
+                         lambda n: fixed_cost + n * draft_cost, min_gain=self.min_gain)
 
     def choose(self, available: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0,
                fixed_cost: float = 0.0) -> int:
@@ -348,8 +347,103 @@ class Bandit:
         return max(self.chosen, key=self.chosen.__getitem__) if self.chosen else self.baseline
 
 
-def drafting_gate(arm: Hashable) -> Bandit:
-    """Whether a costly drafting step (a datastore lookup, running trained heads) is worth doing at
-    all: ``arm`` against drafting nothing. Such steps pay in rare runs, so the record forgets
-    slowly (about 100 rounds) and the arm is judged after 16."""
-    return Bandit([arm], baseline="off", min_tries=16, probe_every=32, decay=0.99)
+RUN = "run"  # a gate's arm: let the drafter draft (its baseline: draft nothing)
+
+
+def gate_bandit() -> Bandit:
+    """A fresh record for a ``Gate`` (a session keeps one per method, across answers)."""
+    return Bandit([RUN], baseline="off", min_tries=16, probe_every=32, decay=0.99)
+
+
+class Gate:
+    """Whether a drafter whose drafting costs time (a datastore lookup, a head's or a draft
+    model's forwards) drafts this step: one ``Bandit`` arm against drafting nothing.
+
+    Every step it drafted is scored as tokens emitted over that step's cost in plain forwards: the
+    measured verify of what it proposed plus its own seconds. "This drafter cannot pay here" is
+    thus a measurement, not a flag: after 16 trials that lost to plain decoding it is re-checked
+    only within the bandit's exploration share, and one that starts to win (another kind of text,
+    a quieter machine) is found again. Such drafting pays in rare runs, so the record forgets
+    slowly (about 100 steps). Per step: ``open`` (False: draft nothing), draft, ``close``, and after
+    the verify ``score``.
+    """
+
+    def __init__(self, costs: CostModel, *, bandit: Bandit | None = None, adaptive: bool = True,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.costs = costs
+        self.bandit = bandit or gate_bandit()
+        self.adaptive = adaptive
+        self.clock = clock
+        self._ran: float | None = None  # seconds spent drafting this step (None: it did not draft)
+        self._start = 0.0
+
+    def open(self, ready: bool = True) -> bool:
+        """Whether to draft now (``ready``: the drafter has what it needs); the clock starts."""
+        self._ran = None
+        if not ready or (self.adaptive and self.bandit.choose() != RUN):
+            return False
+        self._ran, self._start = 0.0, self.clock()
+        return True
+
+    def close(self) -> None:
+        """Drafting is done for this step: the clock stops."""
+        if self._ran is not None:
+            self._ran += self.clock() - self._start
+
+    def score(self, verdict: Verdict, context: int) -> None:
+        """Book a step that drafted: what its own nodes won, over their verify and its time."""
+        if self._ran is None:
+            return
+        one = self.costs.seconds(0, context)
+        cost = cost_at(self.costs.relative(context), verdict.drafted) + (self._ran / one if one > 0 else 0.0)
+        self.bandit.update(RUN, verdict.accepted + 1, cost)
+        self._ran = None
+
+
+class TreeSteps:
+    """What a drafter that ranks candidate trees at a cost (REST's datastore, trained heads) does
+    around its own guessing: the ``Gate`` (draft at all this step?), the ``TreeSizer`` (how many
+    of the ranked nodes to verify) and a ``Ledger`` (a tree the sizer withheld is still scored
+    against the text that follows, so the calibration does not freeze at "never pays").
+    Per step: ``open``, rank a tree, ``propose(tree)``, and after the verify ``observe``."""
+
+    def __init__(self, costs: CostModel, *, max_nodes: int, adaptive: bool, prior: float = 0.7,
+                 sizer: TreeSizer | None = None, gate: Bandit | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.sizer = sizer or TreeSizer(costs, max_nodes=max_nodes, prior=prior)
+        self.gate = Gate(costs, bandit=gate, adaptive=adaptive, clock=clock)
+        self.adaptive = adaptive
+        self.begin()
+
+    def begin(self) -> None:
+        self._ledger = Ledger()
+        self._predicted = 0.0
+        self._bucket: Hashable = None
+        self._context_len = 0
+
+    def open(self, context: Sequence[int], budget: Budget, *, ready: bool = True) -> bool:
+        """A step starts: settle withheld trees; whether to draft now (``ready``: the drafter has
+        what it reads this step)."""
+        self._context_len = len(context)
+        self._predicted = 0.0
+        for _, matched, (predicted, bucket) in self._ledger.resolve(context):
+            self.sizer.update(predicted, matched, bucket)
+        return self.gate.open(ready and budget.max_nodes > 0 and budget.max_depth > 0)
+
+    def propose(self, tree: RankedTree) -> Proposal:
+        """``tree`` ranked best first: the prefix worth verifying (or nothing, and the ledger)."""
+        self.gate.close()
+        self._bucket = tree.bucket
+        n = self.sizer.choose(tree.probs, context=self._context_len, bucket=tree.bucket) if self.adaptive \
+            else len(tree.tokens)
+        if n == 0:
+            self._ledger.add(self._context_len, tree.proposal(len(tree.tokens)), (float(tree.probs.sum()), tree.bucket))
+            return EMPTY_PROPOSAL
+        self._predicted = float(tree.probs[:n].sum())
+        return tree.proposal(n, self.sizer.calibration(tree.bucket))
+
+    def observe(self, out: TargetOutput, verdict: Verdict) -> None:
+        self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        if verdict.drafted:
+            self.sizer.update(self._predicted, verdict.accepted, self._bucket)
+        self.gate.score(verdict, self._context_len)

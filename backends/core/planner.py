@@ -31,7 +31,7 @@ propose is this one.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -66,6 +66,21 @@ def best_size(chances: Sequence[float], relative: Sequence[float], *, fixed_cost
     speeds = expected_speeds(chances, relative, fixed_cost=fixed_cost, per_node=per_node)
     best = max(range(len(speeds)), key=speeds.__getitem__)
     return best if speeds[best] > min_gain else 0
+
+
+def could_pay(chances: Sequence[float], relative: Sequence[float], drafting: Callable[[int], float] = lambda n: 0.0,
+              *, min_gain: float = MIN_GAIN) -> bool:
+    """Whether a drafter could beat plain decoding here at all: verifying the first ``n`` of
+    ``chances`` (the best case it can hope for: perfect acceptance, or a head's held-out
+    agreement) while drafting them costs ``drafting(n)`` forwards, for the best ``n``. What keeps
+    a draft model nearly as slow as its target, or a head that agrees too rarely, off the arms a
+    session tries. Example: chances ``[1, 1]``, cost ``[1, 1.8, 2.0]``, a draft token at 0.8: at
+    best 3 / (2.0 + 1.6) = 0.83, so no."""
+    expected, best = 1.0, 0.0
+    for n, chance in enumerate(chances, start=1):
+        expected += chance
+        best = max(best, expected / (cost_at(relative, n) + drafting(n)))
+    return best > min_gain
 
 
 def ranked(proposal: Proposal, budget: Budget) -> list[int]:

@@ -77,9 +77,6 @@ class Drafter(Protocol):
     """
 
     requires: frozenset[str]
-    # How dear a proposal is to make, for a drafter that asks several (``specinfer``): 0 free (a
-    # dictionary lookup), 1 a search, 2 model forwards.
-    ask_cost: int = 1
     # How many of the prompt's last positions' hidden states ``begin`` reads (``HIDDEN_STATES``
     # drafters): the target computes states for those only. An EAGLE head reads a window of
     # them, Medusa's the last one, a recording all.
@@ -101,12 +98,6 @@ class Drafter(Protocol):
         """Feedback after each verify that followed this drafter's ``propose``: adapt lengths, sync
         a draft model's cache, read hidden states (``out.hidden`` row 0 is the root's, row
         ``i + 1`` node ``i``'s; the accepted rows are the root and ``verdict.path``)."""
-
-    def skipped(self, tokens: Sequence[int]) -> None:
-        """A step went ahead without asking this drafter to propose (a drafter that combines
-        others judged it too dear this time); ``tokens`` is what the step emitted. Keep up with
-        the text (a draft model queues them for its next catch-up); there is nothing to learn, and
-        ``observe`` does not follow."""
 
 
 def prompt_states_of(drafters: Iterable[Drafter]) -> int:

@@ -141,6 +141,34 @@ class Proposal:
 EMPTY_PROPOSAL = Proposal()
 
 
+@dataclass(frozen=True)
+class RankedTree:
+    """Candidate nodes ranked best first, parents before children, so that every prefix is a tree:
+    what a drafter that scores many candidates (a datastore's continuations, trained heads) hands
+    to the sizer, which verifies a prefix."""
+
+    tokens: np.ndarray  # [n] int32
+    parents: np.ndarray  # [n] int32, indices into this ranking (-1: root)
+    probs: np.ndarray  # [n] float64, the drafter's estimate that each node's path is accepted
+    bucket: int = 0  # which calibration applies (REST keeps one per length of the matched suffix)
+
+    def proposal(self, n: int, calibration: float = 1.0) -> Proposal:
+        """The first ``n`` nodes; their chances are the estimates times ``calibration`` (at most 1)."""
+        return Proposal(tuple(int(t) for t in self.tokens[:n]), tuple(int(p) for p in self.parents[:n]),
+                        chances=tuple(min(1.0, calibration * float(p)) for p in self.probs[:n]))
+
+    def within_paths(self, max_paths: int) -> RankedTree:
+        """The ranking less the nodes that would open more than ``max_paths`` root-to-leaf paths
+        (the target's sequence limit), still best first with parents before children."""
+        keep = fit_paths(self.parents.tolist(), max_paths)
+        if len(keep) == len(self.tokens):
+            return self
+        new_index = np.full(len(self.tokens) + 1, -1, dtype=np.int32)
+        new_index[keep] = np.arange(len(keep), dtype=np.int32)
+        parents = np.where(self.parents[keep] < 0, -1, new_index[self.parents[keep]]).astype(np.int32)
+        return RankedTree(self.tokens[keep], parents, self.probs[keep], self.bucket)
+
+
 class StaleLogitsError(RuntimeError):
     """Logits read after the target's next forward overwrote them (a programming error)."""
 

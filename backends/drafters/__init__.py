@@ -17,8 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from backends.core.controller import LengthController
+from backends.core.controller import chain_path_probs, gate_bandit
 from backends.core.costs import CostModel
+from backends.core.planner import could_pay
 from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
 from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE, SamplingSettings
@@ -26,7 +27,6 @@ from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.eagle import EagleDrafter, EagleSettings
-from backends.drafters.head_steps import could_pay
 from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
 from backends.drafters.medusa import MedusaDrafter, MedusaSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
@@ -159,6 +159,7 @@ def _build_draft(settings: DraftSettings, res: DrafterResources) -> Drafter:
         costs=res.costs(),
         draft_costs=res.draft_costs(),
         stats=res.memory.setdefault(("draft", settings), DraftModelDrafter.new_stats()),
+        gate=res.memory.setdefault(("draft", settings, "gate"), gate_bandit()),
         stop=res.stop,
     )
 
@@ -190,10 +191,9 @@ def _build_rest(settings: RESTSettings, res: DrafterResources) -> Drafter:
     if settings.conversation:  # its own statistics: how often a chat repeats itself is not pld's business
         stats = res.memory.setdefault(("rest", settings, "conversation"), PLDDrafter.new_stats())
         conversation = PLDDrafter(costs=res.costs(), stats=stats)
-    gate = res.memory.get(("rest", settings, "gate"))
+    gate = res.memory.setdefault(("rest", settings, "gate"), gate_bandit())  # what the datastore paid, kept
     drafter = RESTDrafter(store, settings, costs=res.costs(), sizer=sizer, conversation=conversation, gate=gate)
     res.memory[("rest", settings)] = drafter.sizer  # calibration carries over to the next answer
-    res.memory[("rest", settings, "gate")] = drafter.gate  # and so does what the datastore paid
     return drafter
 
 
@@ -210,10 +210,9 @@ def _build_medusa(settings: MedusaSettings, res: DrafterResources) -> Drafter:
     heads = res.memory.get(("medusa heads", id(head)))
     if heads is None:
         heads = res.memory[("medusa heads", id(head))] = MedusaHeads(head)
-    sizer, gate = res.memory.get(("medusa", settings)), res.memory.get(("medusa", settings, "gate"))
-    drafter = MedusaDrafter(heads, settings, costs=res.costs(), sizer=sizer, gate=gate)
+    gate = res.memory.setdefault(("medusa", settings, "gate"), gate_bandit())  # what running the heads paid, kept
+    drafter = MedusaDrafter(heads, settings, costs=res.costs(), sizer=res.memory.get(("medusa", settings)), gate=gate)
     res.memory[("medusa", settings)] = drafter.sizer  # calibration carries over to the next answer
-    res.memory[("medusa", settings, "gate")] = drafter.gate  # and so does what running the heads paid
     return drafter
 
 
@@ -224,10 +223,9 @@ def _build_eagle(settings: EagleSettings, res: DrafterResources) -> Drafter:
     layer = res.memory.get(("eagle head", id(head)))
     if layer is None:
         layer = res.memory[("eagle head", id(head))] = EagleHead(head, res.embeddings())
-    sizer, gate = res.memory.get(("eagle2", settings)), res.memory.get(("eagle2", settings, "gate"))
-    drafter = EagleDrafter(layer, settings, costs=res.costs(), sizer=sizer, gate=gate)
+    gate = res.memory.setdefault(("eagle2", settings, "gate"), gate_bandit())  # what running the head paid, kept
+    drafter = EagleDrafter(layer, settings, costs=res.costs(), sizer=res.memory.get(("eagle2", settings)), gate=gate)
     res.memory[("eagle2", settings)] = drafter.sizer  # calibration carries over to the next answer
-    res.memory[("eagle2", settings, "gate")] = drafter.gate  # and so does what running the head paid
     return drafter
 
 
@@ -236,14 +234,14 @@ def _specinfer_requires(settings: SpecInferSettings) -> frozenset[str]:
 
 
 def _build_specinfer(settings: SpecInferSettings, res: DrafterResources) -> Drafter:
-    """The sub-drafters, less a draft model that cannot pay on this machine (``draft_can_pay``)
+    """The sub-drafters, less a draft model that cannot pay on this machine (``could_pay_here``)
     when others are there to draft: its own controller would never let it draft, and only its
     prompt prefill and bookkeeping would remain (on 2 CPU cores that prefill costs 0.8 of the
     target's, nearly doubling the wait for the first token). ``adaptive=False`` keeps it."""
     names = settings.names
     playing = ""
     free = [n for n in names if DRAFT_MODEL not in method_spec(n).requires]
-    if settings.adaptive and free and len(free) < len(names) and res.draft is not None and not draft_can_pay(res):
+    if settings.adaptive and free and len(free) < len(names) and res.draft is not None and not could_pay_here("draft", res):
         names = free
         playing = ",".join(names) + " (the draft model cannot pay here)"
     subs = []
@@ -264,52 +262,45 @@ class AutoSettings:
     datastore: str = field(default="", metadata=DATASTORE_FILE)  # a REST datastore to draft from as well (optional)
 
 
-def draft_can_pay(res: DrafterResources) -> bool:
-    """Whether the session's draft model could beat plain decoding even if the target accepted
-    every guess: drafting k tokens costs k draft forwards and a verify of k (at the shortest
-    measured context, where verifying is cheapest). On 2 CPU cores a Q4_1 SmolLM2 forward costs
-    0.78 of an F16 one, and the best k would run at 1.01x, short of the controller's 5% margin; on
-    a GPU the same pair pays.
+def could_pay_here(name: str, res: DrafterResources) -> bool:
+    """Whether method ``name``'s costly drafter (a draft model, a trained head) could beat plain
+    decoding on this machine in the best case (``planner.could_pay``), at the shortest measured
+    context, where verifying is cheapest: a draft model if the target accepted every guess, with
+    a draft forward's measured cost per token; a head at its recorded held-out agreement, with its
+    own time per depth (timed once). On 2 CPU cores a Q4_1 SmolLM2 forward costs 0.78 of an F16
+    one, and the draft's best k would run at 1.01x, short of the 5% margin; on a GPU the same pair
+    pays. Whatever fails here would only cost the answers it is tried on (and its prompt prefill,
+    for a draft model), so ``auto`` leaves it out and ``specinfer`` drafts without it.
 
-    Decided once per pair of cost models, from their first figures: near the margin, the
+    Decided once per method and cost models, from their first figures: near the margin, the
     corrections learned while generating would flip it from answer to answer, and every flip
-    would give ``auto`` other arms and make it start learning over.
+    would give ``auto`` other arms and make it start learning over. Nothing measured yet (no cost
+    model): True, and the gates find out by playing it.
     """
-    if res.draft is None:
+    spec = method_spec(name)
+    costs = res.costs()
+    needs_draft = DRAFT_MODEL in spec.requires
+    if not (res.draft is not None if needs_draft else spec.requires <= res.offers):
         return False
-    costs, draft_costs = res.costs(), res.draft_costs()
-    if costs is None or draft_costs is None:
-        return True  # nothing measured: let auto find out by playing it
-    key = ("draft can pay", costs, draft_costs)  # the models themselves: a re-measured pair decides again
+    draft_costs = res.draft_costs() if needs_draft else None
+    if costs is None or (needs_draft and draft_costs is None):
+        return True
+    key = ("could pay", name, costs, draft_costs)  # the models themselves: a re-measured pair decides again
     if key not in res.memory:
         context = costs.contexts[0]
-        per_token = draft_costs.seconds(0, context) / costs.seconds(0, context)
-        longest = DraftSettings().max_draft
-        controller = LengthController(costs, max_len=longest)
-        res.memory[key] = controller.can_pay(longest, context=context, draft_cost=per_token)
+        one = costs.seconds(0, context)
+        if needs_draft:
+            per_token = draft_costs.seconds(0, context) / one
+            chances, drafting = [1.0] * DraftSettings().max_draft, lambda n: n * per_token
+        else:
+            agreement = [float(a) for a in res.head(spec.head_kind, "").training.get("agreement", [])]
+            chances = chain_path_probs(agreement, len(agreement))
+            drafting = spec.build(spec.settings(adaptive=False), res).head_forwards(one)
+        res.memory[key] = could_pay(chances, costs.relative(context), drafting)
     return res.memory[key]
 
 
 HEAD_ARMS = ("eagle2", "medusa")  # auto's arms that need a trained head, best first
-
-
-def head_can_pay(name: str, res: DrafterResources) -> bool:
-    """Whether method ``name``'s trained head could pay on this machine (``head_steps.could_pay``:
-    its recorded held-out agreement, the measured verify costs and the head's own time, timed
-    once per head). Needs the session to offer what the method requires, a head at hand, and
-    measured costs."""
-    spec = method_spec(name)
-    costs = res.costs()
-    if not spec.requires <= res.offers or costs is None:
-        return False
-    key = ("head can pay", name, costs)
-    if key not in res.memory:
-        drafter = spec.build(spec.settings(adaptive=False), res)
-        head = res.head(spec.head_kind, "")
-        agreement = [float(a) for a in head.training.get("agreement", [])]
-        one = costs.seconds(0, costs.contexts[0])
-        res.memory[key] = bool(agreement) and could_pay(agreement, costs, drafter.head_forwards(one))
-    return res.memory[key]
 
 
 def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
@@ -325,7 +316,7 @@ def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
     ran 1.6% slower. A merged tree of prompt lookup and the datastore paid 7% less than prompt
     lookup. A draft model that cannot pay is left out: playing it only costs answers, and its
     prefill doubles the wait for the first token.
-    A method with a trained head for the model (``HEAD_ARMS``) joins when ``head_can_pay`` says
+    A method with a trained head for the model (``HEAD_ARMS``) joins when ``could_pay_here`` says
     it could beat plain decoding here; otherwise trying it would only cost answers, and the
     prompt's hidden states it reads make every answer's prefill compute logits for every row
     (1.28x the time to first token on SmolLM2 F16), whichever arm then played.
@@ -334,12 +325,12 @@ def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
         arms = {"rest": _build_rest(RESTSettings(datastore=settings.datastore), res)}
     else:
         arms = {"pld": _build_pld(PLDSettings(), res)}
-    if draft_can_pay(res):
+    if could_pay_here("draft", res):
         merged = SpecInferSettings(drafters=",".join(["pld", "draft"] + (["rest"] if settings.datastore else [])),
                                    rest_datastore=settings.datastore)
         arms["specinfer:" + merged.drafters] = _build_specinfer(merged, res)
     for name in HEAD_ARMS:
-        if head_can_pay(name, res):
+        if could_pay_here(name, res):
             arms[name] = method_spec(name).build(method_spec(name).settings(), res)
     selector = res.memory.setdefault(("auto", settings, tuple(arms)), MethodSelector(list(arms)))
     return AutoDrafter(arms, costs=res.costs() or CostModel.from_relative([1.0] * 17), selector=selector)

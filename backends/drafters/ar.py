@@ -34,6 +34,3 @@ class ARDrafter(Drafter):
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         pass
-
-    def skipped(self, tokens: Sequence[int]) -> None:
-        pass

@@ -133,7 +133,3 @@ class AutoDrafter(Drafter):
         own = self._own + self.clock() - start
         one = self.costs.seconds(0, self._context_len)
         self.selector.add(len(verdict.tokens), (out.seconds + own) / one if one > 0 else 1.0)
-
-    def skipped(self, tokens: Sequence[int]) -> None:
-        if self._drafter is not None:
-            self._drafter.skipped(tokens)

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import AcceptanceStats, LengthController
+from backends.core.controller import AcceptanceStats, Bandit, Gate, LengthController
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter, Target
 from backends.core.sampling import make_rng, sample_token, target_distribution
@@ -31,11 +31,7 @@ from backends.core.tree import tree_depths
 from backends.core.types import (EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, SamplingSettings, TargetOutput,
                                  Verdict)
 
-# Once drafting cannot pay even if every guess were right (a draft model nearly as slow as its
-# target), the next this many steps skip the controller: its answer cannot change before the
-# catch-up it would need has grown, and asking every step costs 1% of a forward.
-HOPELESS_SKIP = 16
-# A backlog of text the draft has not seen (after steps it did not draft, or was not asked to) is
+# A backlog of text the draft has not seen (after steps it did not draft) is
 # decoded once; the steps after it only catch up on what one step leaves behind (its last drafted
 # token and the bonus). So the backlog is priced as a one-off, spread over the steps it enables,
 # at most this many (the controller's answer is revisited at about that pace anyway).
@@ -60,7 +56,8 @@ class DraftSettings:
 
 
 class DraftModelDrafter(Drafter):
-    ask_cost = 2  # each drafted token costs a forward of the draft model (see specinfer)
+    """Drafts chains (with runner-up leaves) with the draft model, whenever its ``Gate`` measured
+    that drafting pays here and the controller finds a length that does."""
 
     def __init__(
         self,
@@ -72,6 +69,7 @@ class DraftModelDrafter(Drafter):
         costs: CostModel | None = None,
         draft_costs: CostModel | None = None,
         stats: AcceptanceStats | None = None,
+        gate: Bandit | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> None:
         """``stop`` is asked between the chunks of the draft's own prompt prefill (Stop pressed)."""
@@ -88,11 +86,11 @@ class DraftModelDrafter(Drafter):
         self.draft_costs = draft_costs or CostModel.from_relative([0.5 * c for c in costs.relative(0)])
         # Draft-model guesses cost forwards, so unlike prompt lookup this drafter probes now and then.
         self.controller = LengthController(costs, max_len=n, stats=stats or self.new_stats(), probe_every=16)
+        self.gate = Gate(costs, bandit=gate, adaptive=self.settings.adaptive)
         self._context_len = 0
         self._pending: list[int] = []
         self._decoded: list[int] = []  # chain tokens decoded into the draft during the last proposal
         self._base = 0  # draft n_past before those
-        self._hopeless = 0
         self._off = False  # this answer's prompt does not fit the draft's context: no drafting
 
     @staticmethod
@@ -101,7 +99,6 @@ class DraftModelDrafter(Drafter):
         return AcceptanceStats(prior=0.8)
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
-        self._hopeless = 0  # steps left to skip the controller (see HOPELESS_SKIP)
         self.declined = ""  # why this answer was not drafted, for its stats (see _choose_length)
         self._decoded = []
         self._off = len(prompt) >= self.draft.n_ctx
@@ -121,14 +118,15 @@ class DraftModelDrafter(Drafter):
         self._check_in_step(context)
         self._base = self.draft.n_past
         length = min(self.settings.max_draft, budget.max_depth, budget.max_nodes, self.draft.n_ctx - len(context))
-        if self.settings.adaptive and length > 0:
-            if self._hopeless > 0:
-                self._hopeless -= 1
-                return EMPTY_PROPOSAL
-            length = self._choose_length(length, len(context), steps_left=budget.max_depth)
-        if length <= 0:
+        if not self.gate.open(length > 0):
+            if length > 0 and not self.declined:
+                self.declined = "drafting lost to plain decoding here lately (it is re-tried now and then)"
             return EMPTY_PROPOSAL
-        return self._draft_tree(self._catch_up(), list(context), length, budget.max_nodes)
+        if self.settings.adaptive:
+            length = self._choose_length(length, len(context), steps_left=budget.max_depth)
+        proposal = self._draft_tree(self._catch_up(), list(context), length, budget.max_nodes) if length else EMPTY_PROPOSAL
+        self.gate.close()
+        return proposal
 
     def _check_in_step(self, context: Sequence[int]) -> None:
         """The draft's cache and the tokens waiting for it must be exactly the context (O(1))."""
@@ -155,7 +153,6 @@ class DraftModelDrafter(Drafter):
         prices = dict(context=context, draft_cost=per_token, fixed_cost=steady - per_token + one_off / horizon)
         length = self.controller.choose(available, **prices)
         if length == 0 and not self.controller.can_pay(available, **prices):
-            self._hopeless = HOPELESS_SKIP
             self.declined = f"drafting would not pay here: a draft token costs {per_token:.2f}x a target forward"
         elif length == 0 and not self.declined:  # could pay, but not at the acceptance expected so far
             self.declined = (f"drafting would not pay here: a draft token costs {per_token:.2f}x a target forward, too much "
@@ -209,6 +206,7 @@ class DraftModelDrafter(Drafter):
         if self._off:
             return
         self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        self.gate.score(verdict, self._context_len)
         if verdict.drafted:
             self.controller.update(verdict.draft_depth, verdict.accepted)
         accepted = list(verdict.tokens[:-1])
@@ -218,12 +216,6 @@ class DraftModelDrafter(Drafter):
         self.draft.truncate(self._base + keep)
         self._pending.extend(accepted[keep:])
         self._pending.append(verdict.bonus)
-        self._decoded = []
-
-    def skipped(self, tokens: Sequence[int]) -> None:
-        """Not asked this step: the emitted tokens join the backlog, the cache stays as it is."""
-        if not self._off:
-            self._pending.extend(tokens)
         self._decoded = []
 
     # -- draft model steps ---------------------------------------------------------------------

@@ -12,12 +12,11 @@ Each step:
    and its own ancestors, and each offers its ``top_k`` tokens as children. Growth stops early
    once no path is likelier than ``min_chance``: on a CPU every level costs a head forward.
 3. Rerank: all grown nodes by chance, best first (a child is never likelier than its parent, so
-   parents come first); how many to verify is ``HeadSteps``' call from the measured cost curve.
+   parents come first); how many to verify is ``TreeSteps``' call from the measured cost curve.
 
 The tree's scratch rows are dropped after every step: only states the target computed stay in
-the head's cache, for the accepted prefix only. A step taken without this drafter (``skipped``)
-leaves a gap of positions the head never sees; positions are explicit, so that costs nothing
-but a little context.
+the head's cache, for the accepted prefix only. Steps the gate left undrafted still bring the
+accepted rows' true states, which the next drafting step catches up on.
 
 Lossless: every node is a deterministic proposal (one-hot ``q``) checked by SpecDeck's acceptance
 rules: greedy output is plain decoding's, and sampling keeps the target's distribution (a
@@ -33,13 +32,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, TreeSizer
+from backends.core.controller import Bandit, TreeSizer, TreeSteps
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
-from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
-from backends.drafters.head_steps import HeadSteps, median_seconds
-from backends.drafters.rest import RankedTree
+from backends.core.timing import median_seconds
+from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput,
+                                 Verdict)
 from backends.heads.eagle import EagleHead
 
 CATCH_UP_CHUNK = 128  # rows the head takes in one forward while catching up
@@ -121,15 +120,12 @@ class EagleDrafter(Drafter):
         self.settings = settings or EagleSettings()
         self.requires = frozenset({HIDDEN_STATES, ROLLBACK, TREE})
         self.prompt_states = self.settings.context_rows
-        self.steps = HeadSteps(max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, costs=costs,
+        costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
+        self.steps = TreeSteps(costs, max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, prior=0.8,
                                sizer=sizer, gate=gate, clock=clock)
-        self.sizer, self.gate = self.steps.sizer, self.steps.gate
+        self.sizer, self.gate = self.steps.sizer, self.steps.gate.bandit
         self.cache = head.new_cache()
         self.begin([])
-
-    @property
-    def head_seconds(self) -> float:
-        return self.steps.head_seconds
 
     def head_forwards(self, seconds_per_forward: float) -> Callable[[int], float]:
         """The head's time per step in target forwards, by chain depth: the catch-up forward and one
@@ -218,8 +214,3 @@ class EagleDrafter(Drafter):
         rows = [0] + [i + 1 for i in verdict.path]  # the root's and each accepted node's state
         for k, (row, token) in enumerate(zip(rows, verdict.tokens)):
             self._pending.append((out.hidden[row], int(token), self._root + k))
-
-    def skipped(self, tokens: Sequence[int]) -> None:
-        """Not asked this step: the states of what it emitted are unknown; the next verify brings
-        the new root's, and the head goes on from there (a gap in its cache)."""
-        self._frontier = None

@@ -42,7 +42,7 @@ from backends.core.planner import cost_at
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
-from backends.drafters.specinfer import merge
+from backends.drafters.merge import merge
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,6 @@ def default_shapes(settings: LookaheadSettings) -> list[tuple[int, int]]:
 
 class LookaheadDrafter(Drafter):
     requires: frozenset[str] = frozenset({TREE, ROLLBACK})
-    ask_cost = 0  # pool lookups; its Jacobi window rides in the verify forward
 
     def __init__(self, settings: LookaheadSettings | None = None, *, costs: CostModel | None = None,
                  bandit: ShapeBandit | None = None) -> None:
@@ -158,7 +157,7 @@ class LookaheadDrafter(Drafter):
 
     # -- propose ---------------------------------------------------------------------------
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
-        if self._base != len(context):  # a step went by without this drafter (see ``skipped``)
+        if self._base != len(context):  # the text moved on without this drafter: a new window
             self._base = len(context)
             self._window = self._fill({}, context, len(context))
         self._context_len = len(context)
@@ -197,11 +196,6 @@ class LookaheadDrafter(Drafter):
         history = list(verdict.tokens)
         self._base = new_len
         self._window = self._fill(predictions, history, new_len)
-
-    def skipped(self, tokens: Sequence[int]) -> None:
-        """Not asked this step: the Jacobi trajectory breaks; the next proposal starts a window."""
-        self._inputs.clear()
-        self._look_nodes = ()
 
     def _predictions(self, out: TargetOutput) -> dict[int, int]:
         """Jacobi: the target's next token after each lookahead node, by context index."""

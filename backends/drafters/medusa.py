@@ -11,8 +11,8 @@ the target accepted); with ``width = 1`` the tree is a chain and needs no tree v
 
 Running the heads costs about a tenth of a SmolLM2-135M forward on a CPU (1.3 ms: the four heads'
 rows of the draft vocabulary), which is all loss where drafting does not pay; whether to run them
-at all, and how many nodes to verify, is ``HeadSteps``' call (a gate and a sizer, shared with
-``eagle2``). Heads that do not pay on this machine then run only within the gate's exploration
+at all, and how many nodes to verify, is ``TreeSteps``' call (a gate and a sizer, shared with
+``eagle2`` and ``rest``). Heads that do not pay on this machine then run only within the gate's exploration
 share; heads that pay run every step.
 
 Lossless: every guess is a deterministic proposal (one-hot ``q``), checked by SpecDeck's
@@ -30,13 +30,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, TreeSizer
+from backends.core.controller import Bandit, TreeSizer, TreeSteps
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
-from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
-from backends.drafters.head_steps import HeadSteps, median_seconds
-from backends.drafters.rest import RankedTree
+from backends.core.timing import median_seconds
+from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput,
+                                 Verdict)
 from backends.heads.medusa import MedusaHeads
 
 @dataclass(frozen=True)
@@ -90,14 +90,11 @@ class MedusaDrafter(Drafter):
         self.settings = settings or MedusaSettings()
         self.requires = frozenset({HIDDEN_STATES, ROLLBACK} | ({TREE} if self.settings.width > 1 else set()))
         self.prompt_states = 1  # the heads read the last state only
-        self.steps = HeadSteps(max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, costs=costs,
+        costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
+        self.steps = TreeSteps(costs, max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, prior=0.8,
                                sizer=sizer, gate=gate, clock=clock)
-        self.sizer, self.gate = self.steps.sizer, self.steps.gate
+        self.sizer, self.gate = self.steps.sizer, self.steps.gate.bandit
         self.begin([])
-
-    @property
-    def head_seconds(self) -> float:
-        return self.steps.head_seconds
 
     def head_forwards(self, seconds_per_forward: float) -> Callable[[int], float]:
         """The heads' time per step in target forwards, by chain depth (one run gives every depth)."""
@@ -125,8 +122,3 @@ class MedusaDrafter(Drafter):
         if out.hidden is None:
             raise SpecDeckError("the target returned no hidden states: Medusa heads cannot draft without them")
         self._state = out.hidden[verdict.path[-1] + 1 if verdict.path else 0]
-
-    def skipped(self, tokens: Sequence[int]) -> None:
-        """Not asked this step: the state of the last accepted token is unknown until the next
-        verify, so the next proposal waits for it."""
-        self._state = None

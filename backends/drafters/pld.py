@@ -114,7 +114,6 @@ class PLDDrafter(Drafter):
     """
 
     requires: frozenset[str] = frozenset({ROLLBACK})  # a rejected guess must leave the cache
-    ask_cost = 0  # a dictionary lookup (see specinfer)
 
     @staticmethod
     def pool_bytes(n_ctx: int, max_ngram: int = PLDSettings.max_ngram) -> int:
@@ -171,6 +170,3 @@ class PLDDrafter(Drafter):
         if verdict.drafted:
             self.controller.update(verdict.drafted, verdict.accepted, bucket=self._bucket)
             self._hot = verdict.accepted > 0
-
-    def skipped(self, tokens: Sequence[int]) -> None:
-        """Nothing to do: the index follows the context at the next proposal."""

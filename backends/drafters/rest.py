@@ -9,18 +9,16 @@ the target keeps the longest path it agrees with. No model runs to draft.
 Example: after ``def main(`` a Python datastore has continuations ``) :`` (60%), ``args )``
 (25%), ``argv )`` (15%): the tree holds ``)`` → ``:`` and ``args`` → ``)`` and so on.
 
-How many nodes to verify is the ``TreeSizer``'s call (measured verify costs against the
-predicted gain, calibrated by what was accepted). Lookups cost no forward, so trees that were not
-worth verifying are scored against the text that followed (the ``Ledger``) to keep calibrating;
-they do cost some CPU, so a run of fruitless lookups spaces the next ones out.
-
-Whether to consult the datastore at all is a ``Bandit``'s call (the gate): every step that looks
-up is scored as tokens emitted over its cost in forwards, the verify plus the lookup's own time,
-against plain decoding's 1. A datastore that does not pay on this machine and these prompts is
-then consulted only now and then, within the bandit's 1% exploration share, and ``rest`` runs as
-fast as prompt lookup; one that pays stays on. Measured on SmolLM2 F16 with a datastore of its own
-answers to other questions, ungated lookups and their failed drafts cost 1.6% against prompt
-lookup; gated, ``rest`` ran at 0.996 of prompt lookup's speed, paired prompt by prompt.
+How many nodes to verify, and whether to consult the datastore at all, is ``TreeSteps``' call
+(``backends.core.controller``), as for the trained heads: the sizer weighs measured verify costs
+against the predicted gain, calibrated by what was accepted (lookups cost no forward, so trees not
+worth verifying are scored against the text that followed, the ledger); the gate scores every step
+that looked up as tokens emitted over the verify plus the lookup's own time, in forwards, against
+plain decoding's 1. A datastore that does not pay on this machine and these prompts is then
+consulted only now and then, within the gate's exploration share, and ``rest`` runs as fast as
+prompt lookup; one that pays stays on. Measured on SmolLM2 F16 with a datastore of its own answers
+to other questions, ungated lookups and their failed drafts cost 1.6% against prompt lookup;
+gated, ``rest`` ran at 0.996 of prompt lookup's speed, paired prompt by prompt.
 
 The conversation itself is searched too (``conversation=True``, the default), before the
 datastore: an answer repeats its prompt and itself far more often than it repeats anything a
@@ -40,30 +38,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, Ledger, TreeSizer, drafting_gate, length_class
-from backends.core.planner import cost_at
+from backends.core.controller import Bandit, TreeSizer, TreeSteps, length_class
 from backends.core.costs import CostModel
-from backends.core.tree import fit_paths
 from backends.core.protocols import Drafter
-from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput, Verdict
 from backends.drafters.pld import PLDDrafter
 from backends.models.datastore import DATASTORE_FILE, Continuations, Datastore
-
-
-# A lookup (a few binary searches over the datastore, then the trie of what followed) costs 5% of a
-# forward of a 135M model on a CPU. After every 4 lookups in a row that drafted nothing the gap
-# between lookups doubles (up to 15 skipped steps); the first draft resets it. Matches come in
-# runs, so little is missed. At 7 skipped steps the lookups still cost a fruitless REST 1.3% of
-# its speed on SmolLM2 Q4_1 (0.12 ms per token against a 9 ms forward).
-LOOKUPS_PER_BACKOFF = 4
-MAX_SKIP = 15
-DATASTORE = "datastore"  # the gate's arm: look the context up (its baseline: draft nothing)
-
-
-def new_gate() -> Bandit:
-    """The gate's bandit: rounds are steps the conversation had nothing for (most lookups find
-    nothing worth verifying; a datastore pays in rare long runs)."""
-    return drafting_gate(DATASTORE)
 
 
 @dataclass(frozen=True)
@@ -88,32 +68,6 @@ class RESTSettings:
             raise ValueError(f"samples must be in 1..65536, got {self.samples}")
 
 
-@dataclass(frozen=True)
-class RankedTree:
-    """Candidate nodes ranked best first (parents before children), as a proposal prefix takes them."""
-
-    tokens: np.ndarray  # [n] int32
-    parents: np.ndarray  # [n] int32, indices into this ranking (-1: root)
-    probs: np.ndarray  # [n] float64, share of occurrences through each node
-    bucket: int = 0  # class of the matched suffix length (calibration is kept per class)
-
-    def proposal(self, n: int, calibration: float = 1.0) -> Proposal:
-        """The first ``n`` nodes; their chances are the shares times ``calibration`` (at most 1)."""
-        return Proposal(tuple(int(t) for t in self.tokens[:n]), tuple(int(p) for p in self.parents[:n]),
-                        chances=tuple(min(1.0, calibration * float(p)) for p in self.probs[:n]))
-
-    def within_paths(self, max_paths: int) -> RankedTree:
-        """The ranking less the nodes that would open more than ``max_paths`` root-to-leaf paths
-        (the target's sequence limit), still best first with parents before children."""
-        keep = fit_paths(self.parents.tolist(), max_paths)
-        if len(keep) == len(self.tokens):
-            return self
-        new_index = np.full(len(self.tokens) + 1, -1, dtype=np.int32)
-        new_index[keep] = np.arange(len(keep), dtype=np.int32)
-        parents = np.where(self.parents[keep] < 0, -1, new_index[self.parents[keep]]).astype(np.int32)
-        return RankedTree(self.tokens[keep], parents, self.probs[keep], self.bucket)
-
-
 def rank(cont: Continuations, max_depth: int, top: int | None = None) -> RankedTree:
     """Order trie nodes by share, parents first; drop nodes deeper than ``max_depth``; keep the
     first ``top`` (all by default).
@@ -136,7 +90,6 @@ def rank(cont: Continuations, max_depth: int, top: int | None = None) -> RankedT
 
 class RESTDrafter(Drafter):
     requires: frozenset[str] = frozenset({TREE, ROLLBACK})
-    ask_cost = 1  # a lookup is a few binary searches: no forward, but not free (see specinfer)
 
     def __init__(self, store: Datastore, settings: RESTSettings | None = None, *, costs: CostModel | None = None,
                  sizer: TreeSizer | None = None, conversation: PLDDrafter | None = None, gate: Bandit | None = None,
@@ -147,26 +100,20 @@ class RESTDrafter(Drafter):
         self.store = store
         self.settings = settings or RESTSettings()
         costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
-        self.sizer = sizer or TreeSizer(costs, max_nodes=self.settings.max_nodes)
-        self.gate = gate or new_gate()
-        self.clock = clock
+        self.steps = TreeSteps(costs, max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive,
+                               sizer=sizer, gate=gate, clock=clock)
+        self.sizer, self.gate = self.steps.sizer, self.steps.gate.bandit
         if self.settings.conversation and conversation is None:
-            conversation = PLDDrafter(costs=self.sizer.costs)
+            conversation = PLDDrafter(costs=costs)
         self.conversation = conversation if self.settings.conversation else None
         self.begin([])
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         if self.conversation is not None:
             self.conversation.begin(prompt)
+        self.steps.begin()
         self._from_conversation = False  # did the last proposal come from the conversation?
-        self._ledger = Ledger()
-        self._predicted = 0.0
-        self._misses = 0  # lookups in a row that drafted nothing
-        self._skip = 0  # steps to draft nothing without looking up
-        self._bucket = 0
-        self._context_len = len(prompt)
         self._match: tuple[int, int] | None = None  # (longest match length, context length) of the last lookup
-        self._lookup_s: float | None = None  # seconds the last step's lookup took (None: no lookup)
 
     def lookup(self, context: Sequence[int], *, top: int | None = None) -> RankedTree:
         """The ranked continuations of the longest suffix of ``context`` found in the datastore,
@@ -184,60 +131,18 @@ class RESTDrafter(Drafter):
         return rank(cont, s.max_depth, top)
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
-        self._context_len = len(context)
-        self._lookup_s = None
-        for _, matched, (predicted, bucket) in self._ledger.resolve(context):
-            self.sizer.update(predicted, matched, bucket)
         if self.conversation is not None:
             proposal = self.conversation.propose(context, budget)
             self._from_conversation = proposal.size > 0
             if self._from_conversation:
                 return proposal
-        if self.settings.adaptive:
-            if self._skip > 0:  # recent lookups found nothing worth verifying
-                self._skip -= 1
-                return EMPTY_PROPOSAL
-            if self.gate.choose() != DATASTORE:  # the datastore has not paid lately
-                return EMPTY_PROPOSAL
-        start = self.clock()
-        proposal = self._propose(context, budget)
-        self._lookup_s = self.clock() - start
-        self._misses = 0 if proposal.size else self._misses + 1
-        self._skip = min((1 << (self._misses // LOOKUPS_PER_BACKOFF)) - 1, MAX_SKIP)
-        return proposal
-
-    def _propose(self, context: Sequence[int], budget: Budget) -> Proposal:
-        if budget.max_nodes <= 0 or budget.max_depth <= 0:
+        if not self.steps.open(context, budget):
             return EMPTY_PROPOSAL
-        tree = self.lookup(context, top=min(self.settings.max_nodes, budget.max_nodes)).within_paths(budget.max_paths)
-        limit = min(len(tree.tokens), self.settings.max_nodes, budget.max_nodes)
-        if limit == 0 or budget.max_depth <= 0:
-            return EMPTY_PROPOSAL
-        self._bucket = tree.bucket
-        n = self.sizer.choose(tree.probs[:limit], context=len(context), bucket=tree.bucket) if self.settings.adaptive else limit
-        if n == 0:
-            self._ledger.add(len(context), tree.proposal(limit), (float(tree.probs[:limit].sum()), tree.bucket))
-            return EMPTY_PROPOSAL
-        self._predicted = float(tree.probs[:n].sum())
-        return tree.proposal(n, self.sizer.calibration(tree.bucket))
+        top = min(self.settings.max_nodes, budget.max_nodes)
+        return self.steps.propose(self.lookup(context, top=top).within_paths(budget.max_paths))
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         if self._from_conversation and self.conversation is not None:
             self.conversation.observe(out, verdict)  # it also times the verify
-            return
-        costs = self.sizer.costs
-        costs.observe(verdict.drafted, self._context_len, out.seconds)
-        if verdict.drafted:
-            self.sizer.update(self._predicted, verdict.accepted, self._bucket)
-        if self._lookup_s is not None:  # score the lookup with the gate: what its own nodes won, for
-            one = costs.seconds(0, self._context_len)  # their verify and the lookup (merged: as if alone)
-            cost = cost_at(costs.relative(self._context_len), verdict.drafted) + (self._lookup_s / one if one > 0 else 0.0)
-            self.gate.update(DATASTORE, verdict.accepted + 1, cost)
-        # The conversation proposed nothing, so it has nothing to learn here: its index follows
-        # the text and its withheld guesses are scored when it next proposes.
-
-    def skipped(self, tokens: Sequence[int]) -> None:
-        """Not asked this step: no lookup happened, so the gate books none; the ledgers and the
-        conversation's index follow the context at the next proposal."""
-        self._lookup_s = None
-        self._from_conversation = False
+        else:  # the conversation proposed nothing, so it has nothing to learn here: its index
+            self.steps.observe(out, verdict)  # follows the text, its withheld guesses are scored later

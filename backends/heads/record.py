@@ -55,9 +55,6 @@ class Recorder(Drafter):
             raise ModelFileError("the target returned no hidden states to record")
         self.rows.append(np.asarray(out.hidden[:1], dtype=np.float16))  # the root's state
 
-    def skipped(self, tokens: Sequence[int]) -> None:
-        pass
-
     def sample(self, prompt: Sequence[int], answer: Sequence[int]) -> Sample:
         """The recorded answer; ``answer`` is what the engine emitted after ``prompt``."""
         tokens = np.array([*prompt, *answer], dtype=np.int32)
