@@ -12,8 +12,8 @@ the target accepted); with ``width = 1`` the tree is a chain and needs no tree v
 Running the heads costs about a tenth of a SmolLM2-135M forward on a CPU (1.3 ms: the four heads'
 rows of the draft vocabulary), which is all loss where drafting does not pay; whether to run them
 at all, and how many nodes to verify, is ``TreeSteps``' call (a gate and a sizer, shared with
-``eagle2`` and ``rest``). Heads that do not pay on this machine then run only within the gate's exploration
-share; heads that pay run every step.
+``eagle2`` and ``rest``). Heads that do not pay on this machine then run only within the gate's
+exploration share; heads that pay run every step.
 
 Lossless: every guess is a deterministic proposal (one-hot ``q``), checked by SpecDeck's
 acceptance rules; greedy output is plain decoding's, sampling keeps the target's distribution.
