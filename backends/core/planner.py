@@ -76,11 +76,8 @@ def could_pay(chances: Sequence[float], relative: Sequence[float], drafting: Cal
     a draft model nearly as slow as its target, or a head that agrees too rarely, off the arms a
     session tries. Example: chances ``[1, 1]``, cost ``[1, 1.8, 2.0]``, a draft token at 0.8: at
     best 3 / (2.0 + 1.6) = 0.83, so no."""
-    expected, best = 1.0, 0.0
-    for n, chance in enumerate(chances, start=1):
-        expected += chance
-        best = max(best, expected / (cost_at(relative, n) + drafting(n)))
-    return best > min_gain
+    speeds = [expected_speeds(chances[:n], relative, fixed_cost=drafting(n))[n] for n in range(1, len(chances) + 1)]
+    return max(speeds, default=0.0) > min_gain
 
 
 def ranked(proposal: Proposal, budget: Budget) -> list[int]:
