@@ -219,7 +219,7 @@ class Session:
         length, measured on top of the prefilled prompt (which the probes leave as they found it).
 
         Verifying a draft gets dearer relative to one token as the context grows (F16, 2 cores:
-        16 tokens cost 4.0x at 64 tokens of context, 6.1x at 1024); without this the controller
+        16 tokens cost 4.0x at 64 tokens of context, 6.1x at 1024); without this the planner
         would only learn that from corrections, a step at a time. It costs this one answer 0.47 s
         of first-token latency (F16 on 2 cores, 600 tokens; Q4_1 0.53 s), and saves the 2 s it
         took to prefill filler text at load. A cancelled answer stops it between probes; the next

@@ -188,10 +188,9 @@ def test_the_fit_estimator_counts_the_eagle_head_and_its_cache(tmp_path, monkeyp
 
 
 def test_a_head_could_pay_only_where_verifying_is_cheap_enough():
-    from backends.core.controller import chain_path_probs
     from backends.core.planner import could_pay
 
-    chances = chain_path_probs([0.35, 0.25], 2)  # a head's held-out agreement: 1.35 tokens for 2
+    chances = [0.35, 0.35 * 0.25]  # a head's held-out agreement per depth, as path chances
     flat = [1.0 + 0.02 * k for k in range(17)]
     steep = [1.0] + [1.86 + 0.1 * k for k in range(16)]
     assert could_pay(chances, flat, lambda depth: 0.05 * depth)

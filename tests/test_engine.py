@@ -251,12 +251,12 @@ def test_draft_model_prices_its_catch_up_as_a_one_off():
 
 def test_a_draft_that_cannot_pay_stops_being_asked():
     """A draft model as slow as its target never pays: its gate stops it after 16 trials that lost
-    to plain decoding and re-checks it only within its exploration share (asking the controller
+    to plain decoding and re-checks it only within its exploration share (asking the sizer
     costs 1% of a forward), with no skip flag of its own."""
     asked = []
     drafter = DraftModelDrafter(OracleTarget(32, seed=1), DraftSettings(), sampling=SamplingSettings(),
                                 target_vocab=32, costs=COSTS, draft_costs=COSTS)
-    choose = drafter.controller.choose
-    drafter.controller.choose = lambda *a, **kw: asked.append(1) or choose(*a, **kw)
+    choose = drafter.sizer.choose
+    drafter.sizer.choose = lambda *a, **kw: asked.append(1) or choose(*a, **kw)
     stats = run(OracleTarget(32, seed=0), drafter, [1, 2, 3], GenerationSettings(max_new_tokens=300)).stats
     assert stats.drafted == 0 and 16 <= len(asked) <= 24, len(asked)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from backends.core.acceptance import accept_greedy, accept_stochastic, try_candidates
-from backends.core.controller import AcceptanceStats, LengthController, Ledger, chain_path_probs, length_class
+from backends.core.controller import Ledger, Sizer, chain_tree, length_class
 from backends.core.planner import expected_speeds
 from backends.core.costs import CostModel
 from backends.core.sampling import apply_repeat_penalty, target_distribution
@@ -224,52 +224,64 @@ def flat(costs):
     return CostModel.from_relative(costs)
 
 
-def test_controller_worked_example():
-    c = LengthController(flat([1.0, 1.8, 2.0, 2.1]), max_len=3, stats=AcceptanceStats(prior=0.9, prior_weight=1e9))
-    assert c.choose(3, context=10) == 3
-    one = expected_speeds(chain_path_probs(c.acceptance(), 1), c.costs.relative(10))
+CHAIN = chain_tree([1, 2, 3, 4], 1.0)
+
+
+def test_sizer_worked_example():
+    c = Sizer(flat([1.0, 1.8, 2.0, 2.1]), max_nodes=3, prior_weight=1e9)
+    assert c.choose(chain_tree([1, 2, 3], 0.9), context=10) == 3
+    one = expected_speeds(c.chances(chain_tree([1], 0.9)).tolist(), c.costs.relative(10))
     assert one[1] == pytest.approx(1.9 / 1.8)
-    low = LengthController(flat([1.0, 1.8, 2.0, 2.1]), max_len=3, stats=AcceptanceStats(prior=0.3, prior_weight=1e9),
-                           probe_every=1000)
-    assert low.choose(3, context=10) == 0
+    low = Sizer(flat([1.0, 1.8, 2.0, 2.1]), max_nodes=3, prior_weight=1e9, probe_every=1000)
+    assert low.choose(chain_tree([1, 2, 3], 0.3), context=10) == 0
 
 
-def test_controller_learns_and_stops_drafting():
-    c = LengthController(flat([1.0, 1.5, 1.7, 1.9, 2.0]), max_len=4, stats=AcceptanceStats(prior=0.8), probe_every=5)
-    assert c.choose(4, context=10) > 0
+def test_sizer_learns_and_stops_drafting():
+    c = Sizer(flat([1.0, 1.5, 1.7, 1.9, 2.0]), max_nodes=4, probe_every=5, decay=0.97)
+    chain = chain_tree([1, 2, 3, 4], 0.8)
+    assert c.choose(chain, context=10) > 0
     for _ in range(30):
-        c.update(4, 0)
-    choices = [c.choose(4, context=10) for _ in range(10)]
+        c.update(chain, 4, 0)
+    choices = [c.choose(chain, context=10) for _ in range(10)]
     assert choices.count(0) == 8 and choices.count(4) == 2  # idle, with a full-length probe every 5 steps
 
 
-def test_controller_never_drafts_when_nothing_can_pay():
+def test_sizer_never_drafts_when_nothing_can_pay():
     # a draft model costing 0.9 forwards per token against a steep verify curve: even perfect
     # acceptance loses, so neither drafting nor probing happens
-    c = LengthController(flat([1.0, 2.0, 2.3, 2.5]), max_len=3, stats=AcceptanceStats(prior=1.0, prior_weight=1e9),
-                         probe_every=1)
-    assert not c.can_pay(3, context=10, draft_cost=0.9)
-    assert [c.choose(3, context=10, draft_cost=0.9) for _ in range(5)] == [0] * 5
-    assert c.choose(3, context=10, draft_cost=0.0) == 3
+    c = Sizer(flat([1.0, 2.0, 2.3, 2.5]), max_nodes=3, prior_weight=1e9, probe_every=1)
+    chain = chain_tree([1, 2, 3], 1.0)
+    assert [c.choose(chain, context=10, per_node=0.9) for _ in range(5)] == [0] * 5
+    assert c.choose(chain, context=10) == 3
 
 
-def test_controller_forgets_old_evidence():
-    c = LengthController(flat([1.0, 1.1, 1.2]), max_len=2, stats=AcceptanceStats(prior=0.5, decay=0.8))
+def test_sizer_forgets_old_evidence():
+    c = Sizer(flat([1.0, 1.1, 1.2]), max_nodes=2, decay=0.8)
+    chain = chain_tree([1, 2], 0.5)
     for _ in range(20):
-        c.update(2, 2)
-    assert c.acceptance()[0] > 0.8  # about 5 effective observations against a prior weight of 2
+        c.update(chain, 2, 2)
+    assert c.chances(chain)[0] > 0.8  # about 5 effective observations against a prior weight of 2
     for _ in range(10):
-        c.update(2, 0)
-    assert c.acceptance()[0] < 0.3
+        c.update(chain, 2, 0)
+    assert c.chances(chain)[0] < 0.3
 
 
-def test_controller_follows_context_dependent_costs():
+def test_sizer_calibrates_each_depth_and_bucket_apart():
+    c = Sizer(flat([1.0] * 5), max_nodes=4, decay=0.97)
+    for _ in range(40):
+        c.update(CHAIN, 4, 2)  # the first two tokens always hold, the rest never
+    chances = c.chances(CHAIN)
+    assert chances[1] > 0.9 and chances[2] < 0.1 and list(chances) == sorted(chances, reverse=True)
+    assert list(c.chances(chain_tree([1, 2, 3, 4], 1.0, bucket="other"))) == [1.0] * 4  # nothing learned there
+
+
+def test_sizer_follows_context_dependent_costs():
     # verification gets relatively dearer as the context grows: the same acceptance pays at a short
     # context and not at a long one
     costs = CostModel({64: [0.010, 0.014, 0.016], 2048: [0.020, 0.050, 0.070]})
-    c = LengthController(costs, max_len=2, stats=AcceptanceStats(prior=0.7, prior_weight=1e9))
-    assert c.choose(2, context=64) == 2
-    assert c.choose(2, context=2048) == 0
+    c = Sizer(costs, max_nodes=2, prior_weight=1e9)
+    assert c.choose(chain_tree([1, 2], 0.7), context=64) == 2
+    assert c.choose(chain_tree([1, 2], 0.7), context=2048) == 0
 
 
 def test_cost_model_interpolates_and_learns():

@@ -10,11 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.core.controller import Ledger, TreeSizer, length_class
+from backends.core.controller import Ledger, Sizer, length_class
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
-from backends.core.types import Budget, GenerationSettings, Proposal, SamplingSettings, TargetOutput, Verdict
-from backends.core.controller import chain_path_probs
+from backends.core.types import Budget, GenerationSettings, Proposal, RankedTree, SamplingSettings, TargetOutput, Verdict
 from backends.core.planner import expected_speeds
 from backends.drafters.rest import RESTDrafter, RESTSettings, rank
 from backends.models.datastore import (
@@ -119,27 +118,33 @@ def test_a_common_suffix_reads_a_bounded_sample(tmp_path):
 # --- the tree sizer ------------------------------------------------------------------------------
 
 
+def star(probs) -> RankedTree:
+    """Candidates that are all children of the root, ranked as given."""
+    return RankedTree(np.arange(len(probs), dtype=np.int32), np.full(len(probs), -1, np.int32), np.asarray(probs))
+
+
 def test_sizer_takes_the_best_tree_and_nothing_that_loses():
-    flat = TreeSizer(CostModel.from_relative([1.0] * 17), max_nodes=16, prior=1.0)
-    assert flat.choose([0.9, 0.5, 0.2, 0.05], context=10) == 4  # free verification: take every node
-    linear = TreeSizer(CostModel.from_relative([1 + 0.25 * k for k in range(17)]), max_nodes=16, prior=1.0)
+    flat = Sizer(CostModel.from_relative([1.0] * 17), max_nodes=16)
+    assert flat.choose(star([0.9, 0.5, 0.2, 0.05]), context=10) == 4  # free verification: take every node
+    linear = Sizer(CostModel.from_relative([1 + 0.25 * k for k in range(17)]), max_nodes=16)
     # speeds 1.52, 1.6, 1.57: two nodes
-    assert linear.choose([0.9, 0.5, 0.2], context=10) == 2
-    cliff = TreeSizer(CostModel.from_relative([1.0, 1.05, 1.1, 3.0, 3.0]), max_nodes=4, prior=1.0)
-    assert cliff.choose([0.9, 0.9, 0.9, 0.9], context=10) == 2
-    assert linear.choose([0.1, 0.05], context=10) == 0  # no size beats plain decoding
+    assert linear.choose(star([0.9, 0.5, 0.2]), context=10) == 2
+    cliff = Sizer(CostModel.from_relative([1.0, 1.05, 1.1, 3.0, 3.0]), max_nodes=4)
+    assert cliff.choose(star([0.9, 0.9, 0.9, 0.9]), context=10) == 2
+    assert linear.choose(star([0.1, 0.05]), context=10) == 0  # no size beats plain decoding
     for probs in ([0.3, 0.1], [0.6, 0.2, 0.2, 0.1], [0.05] * 10):
-        n = linear.choose(probs, context=10)
+        n = linear.choose(star(probs), context=10)
         assert n == 0 or expected_speeds(probs, linear.costs.relative(10))[n] > 1.0
 
 
 def test_sizer_calibration_learns_from_outcomes():
-    sizer = TreeSizer(CostModel.from_relative([1.0, 1.3, 1.5]), max_nodes=2, prior=1.0)
-    assert sizer.choose([0.6, 0.3], context=1) == 2
+    sizer = Sizer(CostModel.from_relative([1.0, 1.3, 1.5]), max_nodes=2)
+    tree = RankedTree(np.array([4, 5], np.int32), np.array([-1, 0], np.int32), np.array([0.6, 0.3]))
+    assert sizer.choose(tree, context=1) == 2
     for _ in range(30):
-        sizer.update(predicted=0.9, accepted=0)  # the datastore keeps being wrong
-    assert sizer.calibration() < 0.2 and sizer.choose([0.6, 0.3], context=1) == 0
-    assert sizer.calibration("long matches") == 1.0  # another bucket has learned nothing yet
+        sizer.update(tree, 2, 0)  # the datastore keeps being wrong
+    assert sizer.factors(None, 2).max() < 0.2 and sizer.choose(tree, context=1) == 0
+    assert list(sizer.factors("long matches", 2)) == [1.0, 1.0]  # another bucket has learned nothing yet
 
 
 def test_ledger_scores_a_withheld_tree_like_greedy_verification():
@@ -197,13 +202,13 @@ def test_the_conversation_drafts_what_the_datastore_lacks_and_learns_apart(tmp_p
     drafter.begin(context)
     proposal = drafter.propose(context, Budget(max_nodes=16, max_depth=8))
     assert proposal.is_chain and proposal.tokens[:3] == (8, 9, 10)
-    bucket = drafter.conversation._bucket  # the conversation's own estimates, not the datastore's
-    assert proposal.chances == tuple(chain_path_probs(drafter.conversation.controller.acceptance(bucket), proposal.size))
-    before = drafter.sizer.calibration(0), copy.deepcopy(drafter.conversation.controller.stats._counts)
+    chain = drafter.conversation._chain  # the conversation's own estimates, not the datastore's
+    assert proposal.chances == tuple(drafter.conversation.sizer.chances(chain)[: proposal.size])
+    before = copy.deepcopy(drafter.sizer._sums), copy.deepcopy(drafter.conversation.sizer._sums)
     out = TargetOutput(logits=np.zeros((1 + proposal.size, 32), np.float32), seconds=0.01)
     drafter.observe(out, Verdict(path=(0, 1), tokens=(8, 9, 4), drafted=proposal.size, draft_depth=proposal.size))
-    assert drafter.sizer.calibration(0) == before[0]  # the datastore's calibration is untouched
-    assert drafter.conversation.controller.stats._counts != before[1]  # the conversation's learned
+    assert str(drafter.sizer._sums) == str(before[0])  # the datastore's calibration is untouched
+    assert str(drafter.conversation.sizer._sums) != str(before[1])  # the conversation's learned
 
 
 def test_trees_respect_the_budget(tmp_path):

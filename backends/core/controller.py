@@ -3,10 +3,8 @@
 How much to verify is the planner's call (``backends.core.planner``) from per-node chances; this
 module holds where those chances come from and how they stay honest:
 
-- ``AcceptanceStats``: per-position acceptance of chains, counted per bucket (prompt lookup, the
-  draft model), which ``LengthController`` turns into a draft length;
-- ``TreeSizer``: a calibration of a ranked tree's own estimates (a datastore's shares, a head's
-  probabilities), per bucket;
+- ``Sizer``: a drafter's raw per-node estimates (a datastore's shares, a head's probabilities, a
+  chain's prior) calibrated per bucket and depth on what was accepted, and handed to the planner;
 - ``Ledger``: guesses that were not verified, scored against what the target then wrote, which
   under greedy decoding is exactly the acceptance they would have had, and under sampling as
   likely (a one-hot guess ``x`` is accepted with the chance the target samples ``x``);
@@ -22,102 +20,99 @@ from __future__ import annotations
 import time
 from typing import Callable, Hashable, Mapping, Sequence
 
+import numpy as np
+
 from backends.core.costs import CostModel
 from backends.core.planner import MIN_GAIN, best_size, cost_at, could_pay
 from backends.core.tree import tree_depths
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, RankedTree, TargetOutput, Verdict
 
 
-class AcceptanceStats:
-    """Per-position acceptance counts, one set per ``bucket``, with exponential forgetting.
+class Sizer:
+    """How many of a drafter's ranked nodes to verify, from its raw estimates calibrated on its own
+    history: one mechanism for chains and trees alike (a chain is a tree).
 
-    A drafter keeps one of these for the whole session (not per answer), so what it learned about
-    this model's habits carries over to the next answer. ``prior`` gives each bucket's starting
-    estimate (a number, or a function of the bucket).
+    Every node comes with a raw estimate ``p`` that the target accepts its path: a datastore's
+    share, a head's probability, or for a chain guess that knows nothing more its prior ``a ** d``
+    at depth ``d`` (``chain_tree``). Its chance is ``f[bucket, d] * p``, at most 1 and never above
+    its parent's. The factor is learned per bucket and depth as ``r = A / P``: paths accepted that
+    deep over the raw estimates' sum there (one node per depth at most lies on the accepted path,
+    so that sum is the expected count), both with exponential forgetting, and averaged with
+    ``prior`` as if the prior were ``prior_weight`` trees: ``f = (N r + w prior) / (N + w)`` after
+    ``N`` trees. For a chain of prior estimates, ``f * p`` is thus the share of its bucket's
+    chains whose first ``d`` tokens held, pulled toward ``a ** d`` by two pseudo-trials.
+    ``choose`` gives the chances to the planner (``best_size``), drafting's own cost priced in.
+
+    A drafter that cannot score withheld guesses for free (a draft model: its guesses cost
+    forwards) sets ``probe_every``: after that many steps held back although drafting could have
+    paid, it drafts the full length once, so its factors do not freeze at "never pays".
+
+    Example: raw ``[0.6, 0.3]`` at depths 1 and 2, verify costs ``[1, 1.3, 1.5]``, factors 1:
+    speeds 1.23 and 1.27, so two nodes; after 30 such trees with nothing accepted, none.
     """
 
-    def __init__(self, *, prior: float | Callable[[Hashable], float] = 0.3, prior_weight: float = 2.0,
-                 decay: float = 0.97) -> None:
-        self.prior = prior
-        self.prior_weight = prior_weight
-        self.decay = decay
-        self._counts: dict[Hashable, list[list[float]]] = {}  # bucket -> [[accepted, tried] per position]
-
-    def acceptance(self, bucket: Hashable = None, positions: int = 16) -> list[float]:
-        """Estimated conditional acceptance per draft position, smoothed toward the prior."""
-        prior = self.prior(bucket) if callable(self.prior) else self.prior
-        counts = self._counts.get(bucket, [])
-        rates = []
-        for d in range(positions):
-            acc, tried = counts[d] if d < len(counts) else (0.0, 0.0)
-            rates.append((acc + prior * self.prior_weight) / (tried + self.prior_weight))
-        return rates
-
-    def update(self, drafted: int, accepted: int, bucket: Hashable = None) -> None:
-        """Record one verdict: positions 1..accepted+1 were tried, 1..accepted accepted."""
-        counts = self._counts.setdefault(bucket, [])
-        for row in counts:
-            row[0] *= self.decay
-            row[1] *= self.decay
-        while len(counts) < drafted:
-            counts.append([0.0, 0.0])
-        for d in range(min(drafted, accepted + 1)):
-            counts[d][1] += 1.0
-            if d < accepted:
-                counts[d][0] += 1.0
-
-
-class LengthController:
-    """A chain's length: what the planner picks (``best_size``) from this bucket's per-position
-    acceptance, with drafting's own cost priced in. A drafter whose guesses cost forwards cannot
-    score withheld ones for free, so with ``probe_every`` it drafts the full length once after that
-    many steps it held back although drafting could have paid."""
-
-    def __init__(
-        self,
-        costs: CostModel,
-        *,
-        max_len: int,
-        stats: AcceptanceStats | None = None,
-        probe_every: int | None = None,
-        min_gain: float = MIN_GAIN,
-    ) -> None:
+    def __init__(self, costs: CostModel, *, max_nodes: int, prior: float = 1.0, prior_weight: float = 2.0,
+                 decay: float = 0.95, probe_every: int | None = None, min_gain: float = MIN_GAIN) -> None:
         self.costs = costs
-        self.max_len = min(max_len, costs.k_max)
-        self.stats = stats or AcceptanceStats()
+        self.max_nodes = max_nodes
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self.probe_every = probe_every
-        self.min_gain = min_gain  # expected speedup a draft must promise (covers estimation noise)
+        self.min_gain = min_gain  # expected speedup a verify must promise (covers estimation noise)
+        self._sums: dict[Hashable, np.ndarray] = {}  # bucket -> [depth, (accepted, predicted, trees)]
         self._idle: dict[Hashable, int] = {}
 
-    def acceptance(self, bucket: Hashable = None) -> list[float]:
-        return self.stats.acceptance(bucket, self.max_len)
+    def factors(self, bucket: Hashable, depth: int) -> np.ndarray:
+        """The calibration factor at depths 1..``depth`` ([depth])."""
+        sums = np.zeros((depth, 3))
+        known = self._sums.get(bucket, sums)[:depth]
+        sums[: len(known)] = known
+        accepted, predicted, trees = sums.T
+        ratio = np.divide(accepted, predicted, out=np.full(depth, self.prior), where=predicted > 0)
+        return (trees * ratio + self.prior_weight * self.prior) / (trees + self.prior_weight)
 
-    def update(self, drafted: int, accepted: int, bucket: Hashable = None) -> None:
-        self.stats.update(drafted, accepted, bucket)
+    def chances(self, tree: RankedTree) -> np.ndarray:
+        """Each node's calibrated chance ([n]); parents come first in a ranking."""
+        depths = tree_depths(tree.parents)
+        out = np.minimum(1.0, self.factors(tree.bucket, int(depths.max(initial=0)))[depths - 1] * tree.probs)
+        for i, parent in enumerate(tree.parents):
+            if parent >= 0:
+                out[i] = min(out[i], out[parent])
+        return out
 
-    def can_pay(self, limit: int, *, context: int, draft_cost: float = 0.0, fixed_cost: float = 0.0) -> bool:
-        """Whether even perfect acceptance would beat plain decoding."""
-        return could_pay([1.0] * min(limit, self.max_len), self.costs.relative(context),
-                         lambda n: fixed_cost + n * draft_cost, min_gain=self.min_gain)
+    def choose(self, tree: RankedTree, *, context: int, limit: int | None = None, fixed_cost: float = 0.0,
+               per_node: float = 0.0) -> int:
+        """How many of the first ``limit`` ranked nodes to verify now (0: none)."""
+        limit = min(len(tree.tokens), self.max_nodes, len(tree.tokens) if limit is None else limit)
+        relative = self.costs.relative(context)
+        n = best_size(self.chances(tree)[:limit].tolist(), relative, fixed_cost=fixed_cost, per_node=per_node,
+                      min_gain=self.min_gain)
+        if n or not self.probe_every or not could_pay([1.0] * limit, relative, lambda k: fixed_cost + k * per_node,
+                                                      min_gain=self.min_gain):
+            return n
+        idle = self._idle.get(tree.bucket, 0) + 1
+        self._idle[tree.bucket] = idle % self.probe_every
+        return limit if idle >= self.probe_every else 0  # keep learning: the full length once
 
-    def choose(self, available: int, *, context: int, bucket: Hashable = None, draft_cost: float = 0.0,
-               fixed_cost: float = 0.0) -> int:
-        """How many of ``available`` candidate tokens to draft now (0: none)."""
-        limit = min(available, self.max_len)
-        if limit <= 0:
-            return 0
-        chances = chain_path_probs(self.acceptance(bucket), limit)
-        best = best_size(chances, self.costs.relative(context), fixed_cost=fixed_cost, per_node=draft_cost,
-                         min_gain=self.min_gain)
-        if best:
-            return best
-        if self.probe_every and self.can_pay(limit, context=context, draft_cost=draft_cost, fixed_cost=fixed_cost):
-            idle = self._idle.get(bucket, 0) + 1
-            self._idle[bucket] = idle
-            if idle >= self.probe_every:  # keep learning: try the full length once
-                self._idle[bucket] = 0
-                return limit
-        return 0
+    def update(self, tree: RankedTree, verified: int, accepted: int) -> None:
+        """The first ``verified`` nodes were verified (or scored unverified); ``accepted`` held."""
+        depths = tree_depths(tree.parents[:verified])
+        mass = np.bincount(depths - 1, weights=tree.probs[:verified]) if verified else np.zeros(0)
+        sums = self._sums.get(tree.bucket, np.zeros((0, 3)))
+        if len(sums) < len(mass):
+            sums = np.vstack([sums, np.zeros((len(mass) - len(sums), 3))])
+        sums *= self.decay
+        sums[: len(mass), 1:] += np.stack([mass, np.ones(len(mass))], axis=1)
+        sums[: min(accepted, len(mass)), 0] += 1.0
+        self._sums[tree.bucket] = sums
+
+
+def chain_tree(tokens: Sequence[int], acceptance: float, bucket: Hashable = None) -> RankedTree:
+    """A chain as a ranked tree whose raw estimates are its prior: ``acceptance ** d`` at depth ``d``
+    (each token held with the same chance). A draft model sizes its chain before drafting it, so
+    its ``tokens`` may be placeholders: sizing reads only the estimates."""
+    n = len(tokens)
+    return RankedTree(np.asarray(tokens, dtype=np.int32), np.arange(-1, n - 1, dtype=np.int32),
+                      acceptance ** np.arange(1.0, n + 1), bucket)
 
 
 class Ledger:
@@ -168,62 +163,10 @@ def _child(proposal: Proposal, chain: bool, parent: int, token: int) -> int | No
     return next((i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens)) if p == parent and t == token), None)
 
 
-def chain_path_probs(acceptance: Sequence[float], n: int) -> list[float]:
-    """Chance that each of the first ``n`` chain positions is accepted: running products of the
-    per-position conditional acceptance (positions past the estimates reuse the last one)."""
-    out, survive = [], 1.0
-    for d in range(n):
-        survive *= acceptance[min(d, len(acceptance) - 1)] if acceptance else 0.0
-        out.append(survive)
-    return out
-
-
 def length_class(n: int) -> int:
     """Buckets of a matched length (a suffix found again, a quoted span), which estimates are kept
     apart by: 0, 1, 2, 3, 4-7, 8-15, 16+. A long match predicts far better than a short one."""
     return n if n < 4 else 4 if n < 8 else 8 if n < 16 else 16
-
-
-class TreeSizer:
-    """How many nodes of a ranked candidate tree to verify, or none.
-
-    A drafter that builds trees (retrieval, merged drafts) knows, for every candidate node, an
-    estimate ``p_i`` that the target accepts the node's whole path (for REST: the share of the
-    datastore's continuations that pass through it). Nodes are ranked by ``p`` with parents before
-    children, so the best tree of ``n`` nodes is the first ``n``. Verifying them emits on average
-    ``E(n) = 1 + sum(min(1, c * p_i) for i < n)`` tokens, where ``c`` is a calibration learned
-    online per ``bucket`` (accepted tokens over predicted ones, with exponential forgetting; REST
-    keeps one per length of the matched suffix, since a long match predicts far better than a
-    two-token one), and costs ``cost[n]`` forwards: ``choose`` maximizes ``E(n) / cost[n]`` and
-    returns 0 unless the best beats plain decoding by ``min_gain``.
-
-    Example: cost ``[1, 1.3, 1.5]``, ``p = [0.6, 0.3]``, ``c = 1``: speeds 1, 1.23, 1.27: two nodes.
-    """
-
-    def __init__(self, costs: CostModel, *, max_nodes: int, min_gain: float = MIN_GAIN, prior: float = 0.7,
-                 prior_weight: float = 2.0, decay: float = 0.95) -> None:
-        self.costs = costs
-        self.max_nodes = max_nodes
-        self.min_gain = min_gain
-        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self._sums: dict[Hashable, list[float]] = {}  # bucket -> [accepted, predicted]
-
-    def calibration(self, bucket: Hashable = None) -> float:
-        """Accepted tokens per predicted one, smoothed toward ``prior`` (deliberately below 1:
-        an estimate from a handful of continuations flatters itself)."""
-        accepted, predicted = self._sums.get(bucket, (0.0, 0.0))
-        return (accepted + self.prior * self.prior_weight) / (predicted + self.prior_weight)
-
-    def choose(self, probs: Sequence[float], *, context: int, bucket: Hashable = None) -> int:
-        c = self.calibration(bucket)
-        return best_size([min(1.0, c * p) for p in probs[: self.max_nodes]], self.costs.relative(context),
-                         min_gain=self.min_gain)
-
-    def update(self, predicted: float, accepted: int, bucket: Hashable = None) -> None:
-        """One verified (or shadow-scored) tree: how many tokens it was predicted to and did yield."""
-        sums = self._sums.setdefault(bucket, [0.0, 0.0])
-        sums[0] = sums[0] * self.decay + accepted
-        sums[1] = sums[1] * self.decay + predicted
 
 
 _UNKNOWN = object()  # a Bandit's best arm, not yet worked out
@@ -235,24 +178,14 @@ class Bandit:
     An arm's record is its gain (tokens emitted) and cost (in single-forward units), both with
     exponential forgetting. The ``baseline`` arm (plain decoding) is worth exactly 1, needs no
     trials and plays only when every other arm is slower. Every other arm is tried ``min_tries``
-    times first; after that the best one plays, and an arm that lost is tried again once after
-    ``probe_every`` rounds, then after twice as many, and so on up to ``max_interval``:
-    re-checking an arm that keeps losing costs less and less, while one that starts winning (a
-    fuller pool, a quieter machine, another kind of prompt) is found again.
-
-    Exploring costs what the explored arm loses against the best one, so it is kept to a budget:
-
-    - ``ceiling`` (optional): the most gain an arm can make in one round (for a draft of depth
-      ``d``, ``d + 1`` tokens). An arm whose remaining trials could not lift it to the baseline even
-      if each of them reached the ceiling ends its trials early. On 2 CPU cores a 10-node
-      lookahead tree costs 4.5 forwards on SmolLM2 Q4_1 and can emit at most 5 tokens, so after
-      one fruitless trial of two, (1 + 5) / (2 * 4.5) < 1 rules it out.
-    - ``explore_share``: the share of rounds that probing the losing arms may cost, split among
-      them. A round of a losing arm costs what it loses against the best arm (``best speed / its
-      speed - 1`` rounds), so with 4 losing arms and a 1% share, one at a quarter of the best
-      speed is re-probed no sooner than 1200 rounds after its last probe, one 5% behind after the
-      usual ``probe_every``. Where nothing beats plain decoding (lookahead on a CPU) the share is
-      what exploring costs, so it is kept well inside the 3% a method may lose.
+    times first; then the best one plays, and a loser is tried again after ``probe_every``
+    rounds, then twice as many, up to ``max_interval``, and never sooner than its part of
+    ``explore_share`` allows: a round of an arm costs what it loses against the best one (``best
+    speed / its speed - 1`` rounds), and probing all losers may cost that share of the rounds.
+    So an arm that keeps losing costs less and less, while one that starts winning (a fuller pool,
+    a quieter machine, another kind of prompt) is found again. ``ceiling`` (optional) is the most
+    gain an arm can make in one round (a draft of depth ``d``: ``d + 1`` tokens): an arm whose
+    remaining trials could not lift it to the baseline even at that ends its trials early.
 
     Example: arms ``a`` (2 tokens for 1.5 forwards) and ``b`` (1 for 1.2): after the trials ``a``
     plays, at 1.33x; with ``a`` at 1 token for 1.5 the baseline (1.0x) would play instead.
@@ -402,48 +335,45 @@ class Gate:
 
 class TreeSteps:
     """What a drafter that ranks candidate trees at a cost (REST's datastore, trained heads) does
-    around its own guessing: the ``Gate`` (draft at all this step?), the ``TreeSizer`` (how many
-    of the ranked nodes to verify) and a ``Ledger`` (a tree the sizer withheld is still scored
+    around its own guessing: the ``Gate`` (draft at all this step?), the ``Sizer`` (how many of
+    the ranked nodes to verify) and a ``Ledger`` (a tree the sizer withheld is still scored
     against the text that follows, so the calibration does not freeze at "never pays").
     Per step: ``open``, rank a tree, ``propose(tree)``, and after the verify ``observe``."""
 
     def __init__(self, costs: CostModel, *, max_nodes: int, adaptive: bool, prior: float = 0.7,
-                 sizer: TreeSizer | None = None, gate: Bandit | None = None,
+                 sizer: Sizer | None = None, gate: Bandit | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.sizer = sizer or TreeSizer(costs, max_nodes=max_nodes, prior=prior)
+        self.sizer = sizer or Sizer(costs, max_nodes=max_nodes, prior=prior)
         self.gate = Gate(costs, bandit=gate, adaptive=adaptive, clock=clock)
         self.adaptive = adaptive
         self.begin()
 
     def begin(self) -> None:
         self._ledger = Ledger()
-        self._predicted = 0.0
-        self._bucket: Hashable = None
+        self._verified: tuple[RankedTree, int] | None = None  # this step's tree and how many nodes went
         self._context_len = 0
 
     def open(self, context: Sequence[int], budget: Budget, *, ready: bool = True) -> bool:
         """A step starts: settle withheld trees; whether to draft now (``ready``: the drafter has
         what it reads this step)."""
         self._context_len = len(context)
-        self._predicted = 0.0
-        for _, matched, (predicted, bucket) in self._ledger.resolve(context):
-            self.sizer.update(predicted, matched, bucket)
+        self._verified = None
+        for _, matched, tree in self._ledger.resolve(context):
+            self.sizer.update(tree, len(tree.tokens), matched)
         return self.gate.open(ready and budget.max_nodes > 0 and budget.max_depth > 0)
 
     def propose(self, tree: RankedTree) -> Proposal:
         """``tree`` ranked best first: the prefix worth verifying (or nothing, and the ledger)."""
         self.gate.close()
-        self._bucket = tree.bucket
-        n = self.sizer.choose(tree.probs, context=self._context_len, bucket=tree.bucket) if self.adaptive \
-            else len(tree.tokens)
+        n = self.sizer.choose(tree, context=self._context_len) if self.adaptive else len(tree.tokens)
         if n == 0:
-            self._ledger.add(self._context_len, tree.proposal(len(tree.tokens)), (float(tree.probs.sum()), tree.bucket))
+            self._ledger.add(self._context_len, tree.proposal(len(tree.tokens)), tree)
             return EMPTY_PROPOSAL
-        self._predicted = float(tree.probs[:n].sum())
-        return tree.proposal(n, self.sizer.calibration(tree.bucket))
+        self._verified = (tree, n)
+        return tree.proposal(n, self.sizer.chances(tree))
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
-        if verdict.drafted:
-            self.sizer.update(self._predicted, verdict.accepted, self._bucket)
+        if verdict.drafted and self._verified is not None:
+            self.sizer.update(*self._verified, verdict.accepted)
         self.gate.score(verdict, self._context_len)

@@ -81,17 +81,9 @@ class CostModel:
             self._last_row = (context, np.maximum(t0 + (t1 - t0) * frac, 1e-9))
         return self._last_row[1]
 
-    def _measured(self, k: int, context: int) -> float:
-        """One entry of ``_row`` without building the row (asked every step, at a new context)."""
-        if len(self.contexts) == 1:
-            return float(self._curves[0, k])
-        i, frac = self._segment(context)
-        t0, t1 = float(self._curves[i, k]), float(self._curves[i + 1, k])
-        return max(t0 + (t1 - t0) * frac, 1e-9)
-
     def seconds(self, k: int, context: int) -> float:
         k = min(k, self.k_max)
-        return self._measured(k, context) * self._correction[min(k, 1)]
+        return float(self._row(context)[k]) * self._correction[min(k, 1)]
 
     def batch_seconds(self, n: int, context: int) -> float:
         """Seconds to decode ``n`` tokens together (a prefill or a draft model's catch-up): the
@@ -113,7 +105,7 @@ class CostModel:
         if k > self.k_max or seconds <= 0:
             return
         i = min(k, 1)
-        ratio = min(max(seconds / self._measured(k, context), 0.5 * self._correction[i]), 2.0 * self._correction[i])
+        ratio = min(max(seconds / float(self._row(context)[k]), 0.5 * self._correction[i]), 2.0 * self._correction[i])
         self._correction[i] += self.smoothing * (ratio - self._correction[i])
 
 

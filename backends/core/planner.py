@@ -1,32 +1,17 @@
 """How much to verify: one rule for every drafter, chains and trees alike.
 
-A drafter proposes nodes and states, per node, its chance that the target accepts the node and
-every node above it (``Proposal.chances``, calibrated by the drafter on its own history). On this
-machine, verifying ``n`` nodes costs ``cost[n]`` plain forwards (the measured curve,
-``CostModel.relative``; ``cost[0] == 1``), and drafting may cost too: a one-off ``fixed_cost``
-(a draft model catching up with the text) and ``per_node`` (each draft-model token). A verify of
-the ``n`` likeliest nodes then emits on average the bonus token plus each node's chance,
+A drafter proposes nodes, each with its chance that the target accepts it and every node above it
+(``Proposal.chances``, calibrated by the drafter's ``Sizer``). Verifying ``n`` nodes costs
+``cost[n]`` plain forwards (the measured curve, ``CostModel.relative``), plus what drafting costs
+(a draft model's catch-up ``fixed_cost`` and ``per_node`` forwards), and emits on average the bonus
+token plus each node's chance:
 
-    speed(n) = (1 + chance[0] + ... + chance[n - 1]) / (cost[n] + fixed_cost + n * per_node),
+    speed(n) = (1 + chance[0] + ... + chance[n - 1]) / (cost[n] + fixed_cost + n * per_node)
 
-relative to plain decoding (``speed(0) == 1``). ``plan_nodes`` ranks the nodes by chance (a child never
-outranks its parent: its chance is at most its parent's), keeps what the target can take in one
-forward (``Budget``: nodes, depth, root-to-leaf paths) and verifies the best ``n``, or nothing
-when no ``n`` beats plain decoding by ``MIN_GAIN`` (the estimates are noisy; a step that drafts
-for a promised 2% mostly loses).
-
-Worked example, SmolLM2 F16 on 2 AMD EPYC cores: verifying 1 node (2 rows) costs 1.86 forwards
-and 4 nodes 1.98 (measured); say 1.90 and 1.95 for 2 and 3. Prompt lookup found a 3-token chain
-after a long quoted span, chances 0.9, 0.81, 0.73: speeds 1.0, 1.9 / 1.86 = 1.02, 2.71 / 1.90 =
-1.43, 3.44 / 1.95 = 1.76, so all three are verified. The same chain after a one-token match,
-chances 0.3, 0.09, 0.03: at best 1.39 / 1.90 = 0.73, so nothing is, and the guess goes to the
-drafter's ``Ledger`` to be scored against what the target writes next. On an Intel Xeon, where
-1 node (2 rows) costs 1.24, the first chain's first node alone is worth 1.9 / 1.24 = 1.53.
-
-Drafters differ only in where chances come from (prompt lookup and the draft model: per-position
-acceptance counted per bucket; REST and the trained heads: shares or head probabilities times a
-calibration learned per bucket) and in what drafting costs; the rule that sizes what they
-propose is this one.
+``plan_nodes`` ranks the nodes by chance (a child never outranks its parent), keeps what one
+forward takes (``Budget``) and verifies the best ``n``, or nothing unless some ``n`` beats plain
+decoding by ``MIN_GAIN`` (the estimates are noisy; a step drafted for a promised 2% mostly loses).
+The README's "How SpecDeck decides how much to verify" works an example through on measured costs.
 """
 
 from __future__ import annotations

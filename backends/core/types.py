@@ -6,7 +6,7 @@ See ``backends.core`` for the vocabulary (target p, draft q, root, accepted, bon
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, Union
+from typing import Callable, Hashable, Sequence, Union
 
 import numpy as np
 
@@ -150,12 +150,13 @@ class RankedTree:
     tokens: np.ndarray  # [n] int32
     parents: np.ndarray  # [n] int32, indices into this ranking (-1: root)
     probs: np.ndarray  # [n] float64, the drafter's estimate that each node's path is accepted
-    bucket: int = 0  # which calibration applies (REST keeps one per length of the matched suffix)
+    bucket: Hashable = None  # which calibration applies (REST keeps one per length of the matched suffix)
 
-    def proposal(self, n: int, calibration: float = 1.0) -> Proposal:
-        """The first ``n`` nodes; their chances are the estimates times ``calibration`` (at most 1)."""
+    def proposal(self, n: int, chances: Sequence[float] | None = None) -> Proposal:
+        """The first ``n`` nodes, with ``chances`` (default: the raw estimates)."""
+        chances = self.probs if chances is None else chances
         return Proposal(tuple(int(t) for t in self.tokens[:n]), tuple(int(p) for p in self.parents[:n]),
-                        chances=tuple(min(1.0, calibration * float(p)) for p in self.probs[:n]))
+                        chances=tuple(float(c) for c in chances[:n]))
 
     def within_paths(self, max_paths: int) -> RankedTree:
         """The ranking less the nodes that would open more than ``max_paths`` root-to-leaf paths

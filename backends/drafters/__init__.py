@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from backends.core.controller import chain_path_probs, gate_bandit
+from backends.core.controller import gate_bandit
 from backends.core.costs import CostModel
 from backends.core.planner import could_pay
 from backends.core.errors import SpecDeckError, UnknownMethodError
@@ -154,18 +154,22 @@ class MethodSpec:
 def _build_draft(settings: DraftSettings, res: DrafterResources) -> Drafter:
     if res.draft is None:
         raise SpecDeckError("the draft method needs a draft model with the target's vocabulary (--draft-model)")
-    return DraftModelDrafter(
+    drafter = DraftModelDrafter(
         res.draft, settings, sampling=res.sampling, target_vocab=res.target_vocab,
         costs=res.costs(),
         draft_costs=res.draft_costs(),
-        stats=res.memory.setdefault(("draft", settings), DraftModelDrafter.new_stats()),
+        sizer=res.memory.get(("draft", settings)),
         gate=res.memory.setdefault(("draft", settings, "gate"), gate_bandit()),
         stop=res.stop,
     )
+    res.memory[("draft", settings)] = drafter.sizer  # what it learned carries over to the next answer
+    return drafter
 
 
 def _build_pld(settings: PLDSettings, res: DrafterResources) -> Drafter:
-    return PLDDrafter(settings, costs=res.costs(), stats=res.memory.setdefault(("pld", settings), PLDDrafter.new_stats()))
+    drafter = PLDDrafter(settings, costs=res.costs(), sizer=res.memory.get(("pld", settings)))
+    res.memory[("pld", settings)] = drafter.sizer  # what it learned carries over to the next answer
+    return drafter
 
 
 def open_datastore(path: str, res: DrafterResources) -> Datastore:
@@ -189,8 +193,8 @@ def _build_rest(settings: RESTSettings, res: DrafterResources) -> Drafter:
     sizer = res.memory.get(("rest", settings))
     conversation = None
     if settings.conversation:  # its own statistics: how often a chat repeats itself is not pld's business
-        stats = res.memory.setdefault(("rest", settings, "conversation"), PLDDrafter.new_stats())
-        conversation = PLDDrafter(costs=res.costs(), stats=stats)
+        conversation = PLDDrafter(costs=res.costs(), sizer=res.memory.get(("rest", settings, "conversation")))
+        res.memory[("rest", settings, "conversation")] = conversation.sizer
     gate = res.memory.setdefault(("rest", settings, "gate"), gate_bandit())  # what the datastore paid, kept
     drafter = RESTDrafter(store, settings, costs=res.costs(), sizer=sizer, conversation=conversation, gate=gate)
     res.memory[("rest", settings)] = drafter.sizer  # calibration carries over to the next answer
@@ -235,7 +239,7 @@ def _specinfer_requires(settings: SpecInferSettings) -> frozenset[str]:
 
 def _build_specinfer(settings: SpecInferSettings, res: DrafterResources) -> Drafter:
     """The sub-drafters, less a draft model that cannot pay on this machine (``could_pay_here``)
-    when others are there to draft: its own controller would never let it draft, and only its
+    when others are there to draft: its own sizer would never let it draft, and only its
     prompt prefill and bookkeeping would remain (on 2 CPU cores that prefill costs 0.8 of the
     target's, nearly doubling the wait for the first token). ``adaptive=False`` keeps it."""
     names = settings.names
@@ -294,7 +298,7 @@ def could_pay_here(name: str, res: DrafterResources) -> bool:
             chances, drafting = [1.0] * DraftSettings().max_draft, lambda n: n * per_token
         else:
             agreement = [float(a) for a in res.head(spec.head_kind, "").training.get("agreement", [])]
-            chances = chain_path_probs(agreement, len(agreement))
+            chances = np.cumprod(agreement).tolist()  # agreement per depth is conditional
             drafting = spec.build(spec.settings(adaptive=False), res).head_forwards(one)
         res.memory[key] = could_pay(chances, costs.relative(context), drafting)
     return res.memory[key]

@@ -1,28 +1,16 @@
 """``auto``: per prompt, the method that has been fastest here on this kind of prompt.
 
-Which method pays depends on the machine (a draft model that wins on a GPU loses on 2 CPU cores,
-where one of its forwards costs 0.8 of the target's), on the model, and on the prompt: prompt
-lookup shines where the answer quotes a long document, a draft model on free chat. So ``auto``
-measures instead of guessing. Its arms are the session's methods: prompt lookup (REST, which
-drafts from the conversation first, when the session has a datastore), a draft model merged with
-it through SpecInfer when the measured costs say it could pay at all, and plain decoding as the
-baseline.
-Each answer plays one arm, chosen by a ``Bandit`` kept per kind of prompt (short chat prompts,
-long documents) for the whole session.
+Which method pays depends on the machine (on 2 CPU cores a draft model's forward costs 0.8 of the
+target's), the model and the prompt (prompt lookup shines where the answer quotes a document), so
+``auto`` measures. Its arms are the session's methods, simplest first: prompt lookup (REST when
+there is a datastore), the merged drafters when they could pay at all, then plain decoding. Each
+answer plays one arm, chosen by a ``Bandit`` per kind of prompt (short chat, long documents).
 
-An answer's score is its speed relative to plain decoding: the tokens it emitted over its time in
-single-forward units, ``(verify seconds + the arm's own drafting seconds) / t1``, where ``t1`` is
-the cost model's current time of one plain forward at that context. The cost model follows the
-machine's load, so a busy neighbour slows the arm and ``t1`` alike and the ratio stays fair.
-
-Arms are listed simplest first: prompt lookup (or REST), the merged drafters, then plain decoding. A later
-arm plays only if it measured 3% faster than every one before it: one answer's speed scatters by
-10% or more around the arm's mean (how much of the answer repeats its prompt varies), so on a
-near-tie the cheaper arm is the safer bet, and plain decoding takes over only from arms that
-measured clearly slower.
-
-Each arm keeps its own controller, so inside an answer it still drafts only as long as drafting
-pays; ``auto`` picks between controllers that know different things.
+An answer scores its tokens over its time in plain forwards: ``(verify + the arm's own drafting
+seconds) / t1``, ``t1`` being the cost model's current plain forward at that context, so a busy
+neighbour slows arm and yardstick alike. A later arm plays only if it measured 3% faster than every
+one before it: one answer's speed scatters by 10% or more, so a near-tie goes to the cheaper arm.
+Inside an answer each arm's own sizer and gate still decide how much to draft.
 """
 
 from __future__ import annotations

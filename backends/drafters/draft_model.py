@@ -7,7 +7,7 @@ chunks the draft's batch holds, with logits for the last token only). The invari
 every proposal: the draft's cache followed by ``_pending`` is exactly the context.
 
 Per step: catch up, then draft a chain token by token (each one a draft forward), stopping at the
-length the controller expects to pay off or as soon as the draft's confidence (its top
+length the sizer expects to pay off or as soon as the draft's confidence (its top
 probability) falls below ``min_confidence``. With ``tree_width > 1`` the runner-up tokens at each
 depth hang as extra leaves beside the chain, so a near miss of the draft still gets verified in
 the same target forward (useful on GPUs, where wide verification is nearly free).
@@ -23,20 +23,22 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import AcceptanceStats, Bandit, Gate, LengthController
+from backends.core.controller import Bandit, Gate, Sizer, chain_tree
 from backends.core.costs import CostModel
+from backends.core.planner import could_pay
 from backends.core.protocols import Drafter, Target
 from backends.core.sampling import make_rng, sample_token, target_distribution
 from backends.core.tree import tree_depths
-from backends.core.types import (EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, SamplingSettings, TargetOutput,
-                                 Verdict)
+from backends.core.types import (EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, RankedTree, SamplingSettings,
+                                 TargetOutput, Verdict)
 
 # A backlog of text the draft has not seen (after steps it did not draft) is
 # decoded once; the steps after it only catch up on what one step leaves behind (its last drafted
 # token and the bonus). So the backlog is priced as a one-off, spread over the steps it enables,
-# at most this many (the controller's answer is revisited at about that pace anyway).
+# at most this many (the sizer's answer is revisited at about that pace anyway).
 ONE_OFF_STEPS = 16
 STEADY_CATCH_UP = 2  # tokens a drafting step leaves for the next catch-up
+PRIOR = 0.8  # each draft token's chance before anything is learned: a draft of the same family mostly agrees
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class DraftSettings:
     max_draft: int = 8  # longest chain drafted in one step
     min_confidence: float = 0.5  # stop drafting when the draft's top probability is lower
     tree_width: int = 1  # 1: a chain; k > 1: k - 1 runner-up tokens beside each chain token
-    adaptive: bool = True  # let the controller pick the length (False: always up to max_draft)
+    adaptive: bool = True  # let the sizer pick the length (False: always up to max_draft)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_draft <= 32:
@@ -57,7 +59,7 @@ class DraftSettings:
 
 class DraftModelDrafter(Drafter):
     """Drafts chains (with runner-up leaves) with the draft model, whenever its ``Gate`` measured
-    that drafting pays here and the controller finds a length that does."""
+    that drafting pays here and the sizer finds a length that does."""
 
     def __init__(
         self,
@@ -68,11 +70,12 @@ class DraftModelDrafter(Drafter):
         target_vocab: int,
         costs: CostModel | None = None,
         draft_costs: CostModel | None = None,
-        stats: AcceptanceStats | None = None,
+        sizer: Sizer | None = None,
         gate: Bandit | None = None,
         stop: Callable[[], bool] | None = None,
     ) -> None:
-        """``stop`` is asked between the chunks of the draft's own prompt prefill (Stop pressed)."""
+        """``stop`` is asked between the chunks of the draft's own prompt prefill (Stop pressed);
+        pass a ``sizer`` to keep what it learned across answers."""
         self.draft = draft
         self._stop = stop
         self.settings = settings or DraftSettings()
@@ -85,18 +88,13 @@ class DraftModelDrafter(Drafter):
         costs = costs or CostModel.from_relative([1.0] * (n + 1))
         self.draft_costs = draft_costs or CostModel.from_relative([0.5 * c for c in costs.relative(0)])
         # Draft-model guesses cost forwards, so unlike prompt lookup this drafter probes now and then.
-        self.controller = LengthController(costs, max_len=n, stats=stats or self.new_stats(), probe_every=16)
+        self.sizer = sizer or Sizer(costs, max_nodes=n, decay=0.97, probe_every=16)
         self.gate = Gate(costs, bandit=gate, adaptive=self.settings.adaptive)
         self._context_len = 0
         self._pending: list[int] = []
         self._decoded: list[int] = []  # chain tokens decoded into the draft during the last proposal
         self._base = 0  # draft n_past before those
         self._off = False  # this answer's prompt does not fit the draft's context: no drafting
-
-    @staticmethod
-    def new_stats() -> AcceptanceStats:
-        """A draft model of the same family usually agrees with its target: start at 0.8."""
-        return AcceptanceStats(prior=0.8)
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         self.declined = ""  # why this answer was not drafted, for its stats (see _choose_length)
@@ -128,6 +126,11 @@ class DraftModelDrafter(Drafter):
         self.gate.close()
         return proposal
 
+    @staticmethod
+    def _chain(n: int) -> RankedTree:
+        """``n`` chain positions as the sizer sees them (sized before drafting: placeholder tokens)."""
+        return chain_tree(np.zeros(n, dtype=np.int32), PRIOR)
+
     def _check_in_step(self, context: Sequence[int]) -> None:
         """The draft's cache and the tokens waiting for it must be exactly the context (O(1))."""
         if self.draft.n_past + len(self._pending) != len(context):
@@ -135,7 +138,7 @@ class DraftModelDrafter(Drafter):
                                f"tokens and {len(self._pending)} wait, but the context has {len(context)}")
 
     def _choose_length(self, available: int, context: int, *, steps_left: int = ONE_OFF_STEPS) -> int:
-        """The controller's choice, priced with this draft's costs: one forward per drafted token
+        """The sizer's choice, priced with this draft's costs: one forward per drafted token
         after the first, the catch-up every drafting step needs (``STEADY_CATCH_UP`` tokens), and
         a backlog beyond that as a one-off spread over the steps it enables (at most
         ``ONE_OFF_STEPS``, and no more than ``steps_left``: an answer about to end cannot pay
@@ -144,15 +147,16 @@ class DraftModelDrafter(Drafter):
         Example: a 30-token backlog costing 3 forwards is charged 3 forwards to a step that ends
         the answer but 0.175 per step over 16 steps, on top of the 0.1 of a steady catch-up.
         """
-        target_s = self.controller.costs.seconds(0, context)
+        target_s = self.sizer.costs.seconds(0, context)
         per_token = self.draft_costs.seconds(0, context) / target_s
         n = len(self._pending)
         steady = self.draft_costs.batch_seconds(min(n, STEADY_CATCH_UP), context) / target_s
         one_off = self.draft_costs.batch_seconds(n, context) / target_s - steady
         horizon = max(1, min(ONE_OFF_STEPS, steps_left))
-        prices = dict(context=context, draft_cost=per_token, fixed_cost=steady - per_token + one_off / horizon)
-        length = self.controller.choose(available, **prices)
-        if length == 0 and not self.controller.can_pay(available, **prices):
+        fixed = steady - per_token + one_off / horizon
+        length = self.sizer.choose(self._chain(available), context=context, fixed_cost=fixed, per_node=per_token)
+        if length == 0 and not could_pay([1.0] * available, self.sizer.costs.relative(context),
+                                         lambda k: fixed + k * per_token):
             self.declined = f"drafting would not pay here: a draft token costs {per_token:.2f}x a target forward"
         elif length == 0 and not self.declined:  # could pay, but not at the acceptance expected so far
             self.declined = (f"drafting would not pay here: a draft token costs {per_token:.2f}x a target forward, too much "
@@ -186,18 +190,19 @@ class DraftModelDrafter(Drafter):
         return Proposal(tuple(tokens), tuple(parents), tuple(probs) if has_q else None, self._chances(parents))
 
     def _chances(self, parents: Sequence[int]) -> tuple[float, ...]:
-        """Estimated chance the target accepts each node's path: chain nodes from the
-        controller's per-position acceptance; a runner-up leaf gets a share of what its chain
-        sibling leaves over (a guess, kept low)."""
+        """Estimated chance the target accepts each node's path: chain nodes the sizer's
+        calibrated chances; a runner-up leaf gets a share of what its chain sibling leaves over (a
+        guess, kept low)."""
         if not parents:
             return ()
-        acceptance = self.controller.acceptance()
         depths = tree_depths(parents)
+        path = [1.0, *self.sizer.chances(self._chain(int(depths.max())))]  # the chain's chance per depth
         chances: list[float] = []
         chain_child: set[int] = set()  # parents whose first (chain) child has been seen
         for i, parent in enumerate(parents):
             reach = 1.0 if parent < 0 else chances[parent]
-            a = acceptance[min(int(depths[i]) - 1, len(acceptance) - 1)]
+            d = int(depths[i])
+            a = path[d] / path[d - 1] if path[d - 1] > 0 else 0.0  # the chain token's chance given its parent
             chances.append(reach * a if parent not in chain_child else reach * (1.0 - a) * 0.3)
             chain_child.add(parent)
         return tuple(chances)
@@ -205,10 +210,10 @@ class DraftModelDrafter(Drafter):
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         if self._off:
             return
-        self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
         self.gate.score(verdict, self._context_len)
         if verdict.drafted:
-            self.controller.update(verdict.draft_depth, verdict.accepted)
+            self.sizer.update(self._chain(verdict.draft_depth), verdict.draft_depth, verdict.accepted)
         accepted = list(verdict.tokens[:-1])
         keep = 0
         while keep < min(len(accepted), len(self._decoded)) and accepted[keep] == self._decoded[keep]:

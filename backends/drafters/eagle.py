@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, TreeSizer, TreeSteps
+from backends.core.controller import Bandit, Sizer, TreeSteps
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
@@ -114,7 +114,7 @@ class EagleDrafter(Drafter):
     """Drafts EAGLE-2 trees from one head; keeps the head's cache of true states across steps."""
 
     def __init__(self, head: EagleHead, settings: EagleSettings | None = None, *,
-                 costs: CostModel | None = None, sizer: TreeSizer | None = None, gate: Bandit | None = None,
+                 costs: CostModel | None = None, sizer: Sizer | None = None, gate: Bandit | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.head = head
         self.settings = settings or EagleSettings()

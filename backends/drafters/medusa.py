@@ -6,7 +6,7 @@ same state and ranks the tokens ``k`` places further on (``backends.heads.medusa
 not see each other's guesses, so a path's chance is estimated as the product of its tokens'
 head probabilities, and the candidate tree is built best first: a node at depth ``k`` may take
 any of head ``k + 1``'s top ``width`` tokens as a child. How many of the ranked nodes to verify is
-the ``TreeSizer``'s call (measured verify costs against the predicted gain, calibrated by what
+the ``Sizer``'s call (measured verify costs against the predicted gain, calibrated by what
 the target accepted); with ``width = 1`` the tree is a chain and needs no tree verify.
 
 Running the heads costs about a tenth of a SmolLM2-135M forward on a CPU (1.3 ms: the four heads'
@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, TreeSizer, TreeSteps
+from backends.core.controller import Bandit, Sizer, TreeSteps
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
@@ -84,7 +84,7 @@ class MedusaDrafter(Drafter):
     """Drafts from the heads; keeps the last accepted state between steps."""
 
     def __init__(self, heads: MedusaHeads, settings: MedusaSettings | None = None, *,
-                 costs: CostModel | None = None, sizer: TreeSizer | None = None, gate: Bandit | None = None,
+                 costs: CostModel | None = None, sizer: Sizer | None = None, gate: Bandit | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.heads = heads
         self.settings = settings or MedusaSettings()

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from backends.core.controller import AcceptanceStats, LengthController, Ledger, chain_path_probs, length_class
+from backends.core.controller import Ledger, Sizer, chain_tree, length_class
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, Budget, Proposal, TargetOutput, Verdict
@@ -26,7 +26,7 @@ class PLDSettings:
     max_ngram: int = 3  # longest suffix looked up
     min_ngram: int = 1  # shortest suffix that may still match
     max_draft: int = 8  # most tokens proposed in one step
-    adaptive: bool = True  # let the controller pick the length (False: always propose max_draft)
+    adaptive: bool = True  # let the sizer pick the length (False: always propose max_draft)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram <= 16:
@@ -101,10 +101,10 @@ class NgramIndex:
 
 
 class PLDDrafter(Drafter):
-    """Prompt lookup with a length controller: drafts only as long as it is expected to pay.
+    """Prompt lookup with a ``Sizer``: drafts only as long as it is expected to pay.
 
-    Lookups are free, so every step makes one; when the controller withholds it, the guess goes to
-    a ``Ledger`` and is scored against what the target emits next. The controller thus
+    Lookups are free, so every step makes one; when the sizer withholds it, the guess goes to
+    a ``Ledger`` and is scored against what the target emits next. The sizer thus
     learns this text's acceptance without paying for a single probe. Estimates are kept apart by
     the length of the matching span and by whether the previous guess was right, since copying
     comes in runs: inside a quoted passage the next guess is far likelier to hold (measured on
@@ -125,48 +125,46 @@ class PLDDrafter(Drafter):
         return n_ctx * 120 * max_ngram
 
     def __init__(self, settings: PLDSettings | None = None, *, costs: CostModel | None = None,
-                 stats: AcceptanceStats | None = None) -> None:
+                 sizer: Sizer | None = None) -> None:
+        """Pass a ``sizer`` to keep what it learned across answers."""
         self.settings = settings or PLDSettings()
         costs = costs or CostModel.from_relative([1.0] * (self.settings.max_draft + 1))
-        self.controller = LengthController(costs, max_len=self.settings.max_draft, stats=stats or self.new_stats())
+        self.sizer = sizer or Sizer(costs, max_nodes=self.settings.max_draft, decay=0.97)
         self.begin([])
 
     @staticmethod
-    def new_stats() -> AcceptanceStats:
-        """Fresh statistics whose prior trusts long matches more: span s starts at s / (s + 2.5)
-        (0.29 for a single matching token, 0.86 for a quoted run of 16)."""
-        return AcceptanceStats(prior=lambda bucket: bucket[0] / (bucket[0] + 2.5))
+    def prior(span: int) -> float:
+        """Each token's chance before anything is learned, trusting long matches more: span ``s``
+        starts at ``s / (s + 2.5)`` (0.29 for a single matching token, 0.86 for a run of 16)."""
+        return span / (span + 2.5)
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         self._index = NgramIndex(self.settings.max_ngram, self.settings.min_ngram)
         self._index.extend(prompt)
         self._shadow = Ledger()
-        self._bucket: tuple[int, bool] = (0, False)
+        self._chain = chain_tree([], 0.0)
         self._hot = False  # was the most recent guess right?
         self._context_len = len(prompt)
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._index.sync(context)
         self._context_len = len(context)
-        for guess, matched, bucket in self._shadow.resolve(context):
-            self.controller.update(guess.size, matched, bucket)
+        for _, matched, chain in self._shadow.resolve(context):
+            self.sizer.update(chain, len(chain.tokens), matched)
             self._hot = matched > 0
         match = self._index.lookup(self.settings.max_draft)
-        tokens = match.tokens
-        self._bucket = (length_class(match.span), self._hot)
-        available = min(len(tokens), budget.max_depth, budget.max_nodes)
-        if self.settings.adaptive:
-            k = self.controller.choose(available, context=len(context), bucket=self._bucket)
-        else:
-            k = available
+        span = length_class(match.span)
+        chain = chain_tree(match.tokens, self.prior(span), (span, self._hot))
+        available = min(len(match.tokens), budget.max_depth, budget.max_nodes)
+        k = self.sizer.choose(chain, context=len(context), limit=available) if self.settings.adaptive else available
         if k == 0:
-            self._shadow.add(len(context), Proposal.chain(tokens), self._bucket)
+            self._shadow.add(len(context), chain.proposal(len(chain.tokens)), chain)
             return EMPTY_PROPOSAL
-        # each node's chance: the product of this bucket's per-position acceptance
-        return Proposal.chain(tokens[:k], chances=chain_path_probs(self.controller.acceptance(self._bucket), k))
+        self._chain = chain
+        return chain.proposal(k, self.sizer.chances(chain))
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
-        self.controller.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
         if verdict.drafted:
-            self.controller.update(verdict.drafted, verdict.accepted, bucket=self._bucket)
+            self.sizer.update(self._chain, verdict.drafted, verdict.accepted)
             self._hot = verdict.accepted > 0

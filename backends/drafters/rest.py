@@ -1,33 +1,16 @@
 """``rest``: retrieval-based drafting from a datastore of text the user chose (He et al., REST).
 
 Answers about a code base, a manual or earlier chats reuse its phrases. The longest suffix of the
-context that occurs in the datastore (``backends.models.datastore``) is looked up, and what
-followed its occurrences becomes a token tree: the trie of continuations, each node weighted by
-the share of occurrences passing through it. The most frequent nodes are verified in one forward;
-the target keeps the longest path it agrees with. No model runs to draft.
+context found in the datastore (``backends.models.datastore``) is looked up, and what followed its
+occurrences becomes a token tree, each node weighted by the share of occurrences through it. No
+model runs to draft. Example: after ``def main(`` a Python datastore has continuations ``) :``
+(60%), ``args )`` (25%), ``argv )`` (15%): the tree holds ``)`` → ``:`` and ``args`` → ``)``.
 
-Example: after ``def main(`` a Python datastore has continuations ``) :`` (60%), ``args )``
-(25%), ``argv )`` (15%): the tree holds ``)`` → ``:`` and ``args`` → ``)`` and so on.
-
-How many nodes to verify, and whether to consult the datastore at all, is ``TreeSteps``' call
-(``backends.core.controller``), as for the trained heads: the sizer weighs measured verify costs
-against the predicted gain, calibrated by what was accepted (lookups cost no forward, so trees not
-worth verifying are scored against the text that followed, the ledger); the gate scores every step
-that looked up as tokens emitted over the verify plus the lookup's own time, in forwards, against
-plain decoding's 1. A datastore that does not pay on this machine and these prompts is then
-consulted only now and then, within the gate's exploration share, and ``rest`` runs as fast as
-prompt lookup; one that pays stays on. Measured on SmolLM2 F16 with a datastore of its own answers
-to other questions, ungated lookups and their failed drafts cost 1.6% against prompt lookup; with
-this gate ``rest`` ran at 1.028 of prompt lookup's speed (1.008-1.047), paired prompt by prompt.
-
-The conversation itself is searched too (``conversation=True``, the default), before the
-datastore: an answer repeats its prompt and itself far more often than it repeats anything a
-datastore holds. Measured on SmolLM2 with a datastore of its own answers to 204 other Spec-Bench
-questions, the datastore alone drafted almost nothing (at most 18 tokens on 10 prompts of a
-category), while the conversation paid on every category. llama.cpp's lookup decoding pairs a
-static n-gram cache with the context's the same way. The conversation is searched by prompt
-lookup's n-gram index and sized by its length controller (``backends.drafters.pld``), whose
-statistics are kept apart from the datastore's calibration.
+Whether to look up at all and how many nodes to verify is ``TreeSteps``' call, as for the trained
+heads: a gate that scores each lookup step against plain decoding (lookup time included), a sizer
+calibrated on what was accepted, and a ledger for trees not verified. The conversation itself is
+searched first (``conversation=True``), by prompt lookup with its own statistics: an answer repeats
+its prompt and itself far more often than anything a datastore holds (README: datastores).
 """
 
 from __future__ import annotations
@@ -38,7 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, TreeSizer, TreeSteps, length_class
+from backends.core.controller import Bandit, Sizer, TreeSteps, length_class
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput, Verdict
@@ -92,7 +75,7 @@ class RESTDrafter(Drafter):
     requires: frozenset[str] = frozenset({TREE, ROLLBACK})
 
     def __init__(self, store: Datastore, settings: RESTSettings | None = None, *, costs: CostModel | None = None,
-                 sizer: TreeSizer | None = None, conversation: PLDDrafter | None = None, gate: Bandit | None = None,
+                 sizer: Sizer | None = None, conversation: PLDDrafter | None = None, gate: Bandit | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         """``conversation`` searches the conversation; built here when the settings ask for it
         and none is given (pass one, and the ``sizer`` and ``gate``, to keep their statistics

@@ -1,26 +1,17 @@
 """``specinfer``: several drafters at once, merged into one token tree, verified in one forward.
 
-SpecInfer (Miao et al.) verifies the guesses of several small speculators together: where they
-agree the tree shares nodes, where they differ it branches, and the target keeps the longest path
-it agrees with. Any drafters work; the useful pairs are complementary, e.g. a draft model (good
-on free text) with prompt lookup (free, and right when the answer quotes). A draft model that
-cannot pay on this machine even if every guess held is left out by the registry (see
-``backends.drafters.could_pay_here``); with one drafter left, specinfer runs it as if alone.
+SpecInfer (Miao et al.) verifies several small speculators' guesses together: where they agree the
+tree shares nodes, where they differ it branches. Useful pairs are complementary, e.g. a draft
+model (free text) with prompt lookup (quotes). A draft model that could not pay here even if every
+guess held is left out by the registry (``backends.drafters.could_pay_here``).
 
-Merging (``backends.drafters.merge``): each sub-drafter proposes as if it were alone (its own
-controller picks its length); the proposals become one trie, which is then cut to the nodes worth
-verifying together (see ``SpecInferDrafter``).
-
-Feedback. Each sub-drafter sees the verdict projected onto its own proposal: the part of the
-accepted path that runs through its nodes, and the tokens the step emitted (a draft model's cache
-must follow the text, whoever guessed it). So each one's gate and controller learn what its own
-nodes won, as if it had drafted alone, and a costly drafter that does not pay stops drafting by
-the same measurement that would stop it alone. The verify time is folded into the shared cost
-model once, with the merged tree's size, not once per sub-drafter.
-
-Example: pld proposes ``the cat sat``, draft proposes ``the dog``: the tree is
-``the -> (cat -> sat, dog)``; if the target says ``the dog ran``, pld's projection accepts 1 of 3
-and draft's 2 of 2.
+Each sub-drafter proposes as if alone (its own sizer and gate), the proposals become one trie
+(``backends.drafters.merge``), and the planner keeps the nodes worth verifying together. Each
+sub-drafter then sees the verdict projected onto its own proposal (a draft model's cache must
+follow the text, whoever guessed it), so each learns what its own nodes won, as if alone; the
+verify time goes to the shared cost model once, with the merged size. Example: pld proposes ``the
+cat sat``, draft ``the dog``: the tree is ``the -> (cat -> sat, dog)``; if the target says ``the dog
+ran``, pld's projection accepts 1 of 3 and draft's 2 of 2.
 """
 
 from __future__ import annotations
@@ -63,14 +54,9 @@ class SpecInferSettings:
 class SpecInferDrafter(Drafter):
     """Merges the sub-drafters' proposals, then keeps the nodes worth verifying together.
 
-    Each sub-drafter sized its proposal as if verified alone; together they cost more. So the
-    merged tree, with each node's chance (see ``merge``), goes through the planner
-    (``backends.core.planner``): the count of likeliest nodes that maximizes expected tokens per
-    unit of measured verify cost, which is never worse than the better sub-proposal alone by the
-    drafters' own estimates. There is no calibration here: each chance comes from a drafter that
-    calibrates itself, also from the steps where it was not verified. When only
-    one drafter proposed, its proposal goes to the target as it is: it was sized for exactly that,
-    by the drafter's own controller, so specinfer then decodes as that drafter alone would.
+    Together they cost more than each sized itself for, so the merged tree, each node with the best
+    chance a drafter gave it, goes through the planner: never worse than the better sub-proposal
+    alone by the drafters' own estimates. A lone proposal goes as it is (sized for exactly that).
     """
 
     def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None, playing: str = "") -> None:

@@ -15,7 +15,7 @@ predicted tok/s = plain decoding rate x the method's expected speedup, for metho
   drafting method), else a prior: nearly free on a GPU, which is memory-bound; on a CPU a jump
   to a batched kernel plus a share of a forward per token, larger for quantized weights, whose
   dequantization is compute (SmolLM2 on 2 Zen 4 cores, relative to one token: F16 1.97x for 1
-  drafted token and 2.37x for 4; Q4_1 2.47x for 3). Methods with a length controller stop
+  drafted token and 2.37x for 4; Q4_1 2.47x for 3). Methods with a sizer stop
   drafting when it does not pay, so predictions are floored just under 1x.
 """
 
