@@ -9,7 +9,7 @@ import pytest
 
 from backends.core.acceptance import accept_greedy, accept_stochastic, try_candidates
 from backends.core.controller import Ledger, Sizer, chain_tree, length_class
-from backends.core.planner import expected_speeds
+from backends.core.planner import could_pay, expected_speeds
 from backends.core.costs import CostModel
 from backends.core.sampling import apply_repeat_penalty, target_distribution
 from backends.core.text import TextStream
@@ -251,6 +251,7 @@ def test_sizer_never_drafts_when_nothing_can_pay():
     # acceptance loses, so neither drafting nor probing happens
     c = Sizer(flat([1.0, 2.0, 2.3, 2.5]), max_nodes=3, prior_weight=1e9, probe_every=1)
     chain = chain_tree([1, 2, 3], 1.0)
+    assert not could_pay([1.0] * 3, c.costs.relative(10), lambda k: 0.9 * k)
     assert [c.choose(chain, context=10, per_node=0.9) for _ in range(5)] == [0] * 5
     assert c.choose(chain, context=10) == 3
 

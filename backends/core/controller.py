@@ -82,16 +82,22 @@ class Sizer:
     def choose(self, tree: RankedTree, *, context: int, limit: int | None = None, fixed_cost: float = 0.0,
                per_node: float = 0.0) -> int:
         """How many of the first ``limit`` ranked nodes to verify now (0: none)."""
-        limit = min(len(tree.tokens), self.max_nodes, len(tree.tokens) if limit is None else limit)
+        return self.plan(tree, context=context, limit=limit, fixed_cost=fixed_cost, per_node=per_node)[0]
+
+    def plan(self, tree: RankedTree, *, context: int, limit: int | None = None, fixed_cost: float = 0.0,
+             per_node: float = 0.0) -> tuple[int, np.ndarray]:
+        """``choose``'s count and the chances it weighed (what the proposal then carries)."""
+        chances = self.chances(tree)
+        limit = min(len(chances), self.max_nodes, len(chances) if limit is None else limit)
         relative = self.costs.relative(context)
-        n = best_size(self.chances(tree)[:limit].tolist(), relative, fixed_cost=fixed_cost, per_node=per_node,
+        n = best_size(chances[:limit].tolist(), relative, fixed_cost=fixed_cost, per_node=per_node,
                       min_gain=self.min_gain)
         if n or not self.probe_every or not could_pay([1.0] * limit, relative, lambda k: fixed_cost + k * per_node,
                                                       min_gain=self.min_gain):
-            return n
+            return n, chances
         idle = self._idle.get(tree.bucket, 0) + 1
         self._idle[tree.bucket] = idle % self.probe_every
-        return limit if idle >= self.probe_every else 0  # keep learning: the full length once
+        return (limit if idle >= self.probe_every else 0), chances  # keep learning: the full length once
 
     def update(self, tree: RankedTree, verified: int, accepted: int) -> None:
         """The first ``verified`` nodes were verified (or scored unverified); ``accepted`` held."""
@@ -365,12 +371,15 @@ class TreeSteps:
     def propose(self, tree: RankedTree) -> Proposal:
         """``tree`` ranked best first: the prefix worth verifying (or nothing, and the ledger)."""
         self.gate.close()
-        n = self.sizer.choose(tree, context=self._context_len) if self.adaptive else len(tree.tokens)
+        if self.adaptive:
+            n, chances = self.sizer.plan(tree, context=self._context_len)
+        else:
+            n, chances = len(tree.tokens), self.sizer.chances(tree)
         if n == 0:
             self._ledger.add(self._context_len, tree.proposal(len(tree.tokens)), tree)
             return EMPTY_PROPOSAL
         self._verified = (tree, n)
-        return tree.proposal(n, self.sizer.chances(tree))
+        return tree.proposal(n, chances)
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)

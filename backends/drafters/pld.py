@@ -156,12 +156,15 @@ class PLDDrafter(Drafter):
         span = length_class(match.span)
         chain = chain_tree(match.tokens, self.prior(span), (span, self._hot))
         available = min(len(match.tokens), budget.max_depth, budget.max_nodes)
-        k = self.sizer.choose(chain, context=len(context), limit=available) if self.settings.adaptive else available
+        if self.settings.adaptive:
+            k, chances = self.sizer.plan(chain, context=len(context), limit=available)
+        else:
+            k, chances = available, self.sizer.chances(chain)
         if k == 0:
             self._shadow.add(len(context), chain.proposal(len(chain.tokens)), chain)
             return EMPTY_PROPOSAL
         self._chain = chain
-        return chain.proposal(k, self.sizer.chances(chain))
+        return chain.proposal(k, chances)
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
