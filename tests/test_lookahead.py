@@ -21,14 +21,14 @@ def test_pool_keeps_the_newest_continuations_per_token():
 
 
 def test_bandit_settles_on_the_fastest_shape_and_never_on_a_losing_one():
-    bandit = ShapeBandit([(4, 0), (0, 3)], min_tries=2, probe_every=0)
+    bandit = ShapeBandit([(4, 0), (0, 3)], min_tries=2, explore_share=0)
     outcome = {(4, 0): (1.2, 2.0), (0, 3): (2.5, 1.5)}  # tokens, relative cost per step
     for _ in range(40):
         shape = bandit.choose()
         if shape != (0, 0):
             bandit.update(shape, *outcome[shape])
     assert bandit.settled() == (0, 3) and bandit.speed((0, 3)) == pytest.approx(2.5 / 1.5)
-    slow = ShapeBandit([(4, 3)], min_tries=2, probe_every=0)
+    slow = ShapeBandit([(4, 3)], min_tries=2, explore_share=0)
     for _ in range(20):
         shape = slow.choose()
         if shape != (0, 0):

@@ -370,7 +370,7 @@ def test_method_selector_learns_the_fastest_arm_per_kind_of_prompt_and_falls_bac
 
     # tokens per plain-forward unit of cost, per kind of prompt and arm
     truth = {"long": {"pld": 1.5, "all": 1.2}, "short": {"pld": 0.95, "all": 1.15}, "hard": {"pld": 0.9, "all": 0.8}}
-    selector = MethodSelector(["pld", "all"], min_tries=2, probe_every=4, max_interval=16)
+    selector = MethodSelector(["pld", "all"], min_tries=2)
     played: dict[str, list[str]] = {kind: [] for kind in truth}
     for _ in range(60):
         for kind, speeds in truth.items():
@@ -404,7 +404,7 @@ def test_bandit_margin_gives_near_ties_to_the_simpler_arm():
 def test_bandit_ends_the_trials_of_an_arm_that_could_not_pay_even_at_its_ceiling():
     from backends.core.controller import Bandit
 
-    bandit = Bandit(["wide", "narrow", "open"], baseline="ar", min_tries=4, probe_every=0,
+    bandit = Bandit(["wide", "narrow", "open"], baseline="ar", min_tries=4, explore_share=0,
                     ceiling={"wide": 5, "narrow": 3})
     played = []
     for _ in range(14):
@@ -421,22 +421,23 @@ def test_bandit_ends_the_trials_of_an_arm_that_could_not_pay_even_at_its_ceiling
 def test_bandit_probes_a_losing_arm_within_the_exploration_share():
     from backends.core.controller import Bandit
 
-    def probes(share: float) -> list[int]:
-        bandit = Bandit(["good", "bad"], baseline="ar", min_tries=1, probe_every=8, explore_share=share)
+    def probes(share: float, bad: tuple[float, float] = (1.0, 2.0)) -> list[int]:
+        bandit = Bandit(["good", "bad"], baseline="ar", min_tries=1, explore_share=share)
         rounds = []
         for r in range(4000):
             arm = bandit.choose()
-            bandit.update(arm, *{"good": (2.0, 1.0), "bad": (1.0, 2.0), "ar": (1.0, 1.0)}[arm])
+            bandit.update(arm, *{"good": (2.0, 1.0), "bad": bad, "ar": (1.0, 1.0)}[arm])
             if arm == "bad":
                 rounds.append(r)
         return rounds
 
-    budgeted, doubling = probes(0.02), probes(0.0)
-    loss = (2.0 / 0.5 - 1.0) * len(budgeted)  # each probe of "bad" costs 3 rounds of "good"
-    assert len(budgeted) >= 3 and loss / 4000 <= 0.02  # still probed, within its share
-    early = lambda rounds: sum(r < 300 for r in rounds)
-    assert early(doubling) == 6 and early(budgeted) == 2  # the doubling alone probes at 1, 9, 25, ...
+    budgeted = probes(0.02)
+    loss = (2.0 / 0.5 - 1.0) * (len(budgeted) - 1)  # after its trial, each probe of "bad" costs 3 rounds
+    assert len(budgeted) >= 20 and loss / 4000 <= 0.02  # still probed, within its share
     assert min(b - a for a, b in zip(budgeted, budgeted[1:])) >= 150  # (4 - 1) / 0.02
+    near = probes(0.02, (1.9, 1.0))  # 5% behind: a probe costs 0.05 rounds, so only the gap (32) spaces them
+    assert len(near) > 3 * len(budgeted) and min(b - a for a, b in zip(near, near[1:])) == 32
+    assert len(probes(0.0)) == 1  # no share: its one trial, then never again
 
 
 def test_bench_compares_each_method_with_the_fastest_other_one():

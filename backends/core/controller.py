@@ -184,33 +184,34 @@ class Bandit:
     An arm's record is its gain (tokens emitted) and cost (in single-forward units), both with
     exponential forgetting. The ``baseline`` arm (plain decoding) is worth exactly 1, needs no
     trials and plays only when every other arm is slower. Every other arm is tried ``min_tries``
-    times first; then the best one plays, and a loser is tried again after ``probe_every``
-    rounds, then twice as many, up to ``max_interval``, and never sooner than its part of
-    ``explore_share`` allows: a round of an arm costs what it loses against the best one (``best
-    speed / its speed - 1`` rounds), and probing all losers may cost that share of the rounds.
-    So an arm that keeps losing costs less and less, while one that starts winning (a fuller pool,
-    a quieter machine, another kind of prompt) is found again. ``ceiling`` (optional) is the most
-    gain an arm can make in one round (a draft of depth ``d``: ``d + 1`` tokens): an arm whose
-    remaining trials could not lift it to the baseline even at that ends its trials early.
+    times first; then the best one plays, and exploration has one budget: a play of a losing arm
+    costs what it loses against the best (``best speed / its speed - 1`` rounds), and plays of the
+    losers may cost ``explore_share`` of all rounds, so a loser is played again once enough rounds
+    have passed since its last play, and never sooner than ``min_gap`` rounds (a near-tie costs
+    next to nothing, and re-checking it every round would tell nothing new). An arm far behind is
+    re-checked rarely, and one that starts winning (a fuller pool, a quieter machine, another kind
+    of prompt) is found again. ``ceiling`` (optional) is the most gain an arm can make in one
+    round (a draft of depth ``d``: ``d + 1`` tokens): an arm whose remaining trials could not
+    lift it to the baseline even at that ends its trials early.
 
     Example: arms ``a`` (2 tokens for 1.5 forwards) and ``b`` (1 for 1.2): after the trials ``a``
-    plays, at 1.33x; with ``a`` at 1 token for 1.5 the baseline (1.0x) would play instead.
+    plays, at 1.33x, and ``b`` (0.83x, losing 0.6 rounds a play) is played again every 60 rounds
+    at a 1% share; with ``a`` at 1 token for 1.5 the baseline (1.0x) would play instead.
     """
 
     def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4,
-                 probe_every: int = 32, max_interval: int = 2048, decay: float = 0.97, margin: float = 0.0,
-                 ceiling: Mapping[Hashable, float] | None = None, explore_share: float = 0.01) -> None:
+                 decay: float = 0.97, margin: float = 0.0, ceiling: Mapping[Hashable, float] | None = None,
+                 explore_share: float = 0.01, min_gap: int = 32) -> None:
         self.baseline = baseline
         self.margin = margin
         self.ceiling = dict(ceiling or {})
         self.explore_share = explore_share
         self.arms = [a for a in dict.fromkeys(arms) if a != baseline]
-        self.min_tries, self.probe_every, self.max_interval, self.decay = min_tries, probe_every, max_interval, decay
+        self.min_tries, self.decay, self.min_gap = min_tries, decay, min_gap
         self._gain = {a: 0.0 for a in self.arms}
         self._cost = {a: 0.0 for a in self.arms}
         self._tries = {a: 0 for a in self.arms}
-        self._last = {a: 0 for a in self.arms}
-        self._interval = {a: probe_every for a in self.arms}
+        self._last = {a: 0 for a in self.arms}  # the round an arm last played
         self.chosen: dict[Hashable, int] = {}
         self._round = 0
         self._best: Hashable = _UNKNOWN  # best() until the next update (asked every round)
@@ -236,31 +237,21 @@ class Bandit:
         self._round += 1
         untried = [a for a in self.arms if self._tries[a] < self.min_tries]
         best = self.best()
-        due = [] if untried or not self.probe_every else [  # the spacing only once the interval is up
-            a for a in self.arms if a != best and self._round - self._last[a] >= self._interval[a]
-            and self._round - self._last[a] >= self._spacing(a, best)]
-        if untried:
-            arm = untried[0]
-        elif due:
-            arm = min(due, key=self._last.__getitem__)
-            self._interval[arm] = min(self._interval[arm] * 2, self.max_interval)
-        else:
-            arm = best
-            if arm != self.baseline:
-                self._interval[arm] = self.probe_every  # a winner is re-checked promptly if it loses
+        due = [a for a in self.arms if a != best and self._round - self._last[a] >= self._spacing(a, best)]
+        arm = untried[0] if untried else min(due, key=self._last.__getitem__) if due else best
         self.chosen[arm] = self.chosen.get(arm, 0) + 1
         if arm != self.baseline:
             self._last[arm] = self._round
         return arm
 
     def _spacing(self, arm: Hashable, best: Hashable) -> float:
-        """Fewest rounds between probes of a losing ``arm`` that keep its cost within its part of
-        the share."""
-        speed = self.speed(arm)
-        if self.explore_share <= 0 or speed <= 0:
-            return 0.0
+        """Fewest rounds between plays of a losing ``arm`` that keep its cost within its part of
+        the share (the losers split it evenly)."""
+        if self.explore_share <= 0:
+            return float("inf")
         losing = max(1, len(self.arms) - (best in self._gain))
-        return (self.speed(best) / speed - 1.0) * losing / self.explore_share
+        loss = self.speed(best) / max(self.speed(arm), 1e-6) - 1.0  # rounds lost per play
+        return max(float(self.min_gap), loss * losing / self.explore_share)
 
     def update(self, arm: Hashable, gain: float, cost: float) -> None:
         if arm not in self._gain:
@@ -291,7 +282,7 @@ RUN = "run"  # a gate's arm: let the drafter draft (its baseline: draft nothing)
 
 def gate_bandit() -> Bandit:
     """A fresh record for a ``Gate`` (a session keeps one per method, across answers)."""
-    return Bandit([RUN], baseline="off", min_tries=16, probe_every=32, decay=0.99)
+    return Bandit([RUN], baseline="off", min_tries=16, decay=0.99)
 
 
 class Gate:

@@ -104,8 +104,7 @@ class ShapeBandit(Bandit):
     """
 
     def __init__(self, shapes: Sequence[tuple[int, int]], *, ngram: int = 3, min_tries: int = 2,
-                 probe_every: int = 32, max_interval: int = 2048, decay: float = 0.97,
-                 explore_share: float = 0.003) -> None:
+                 decay: float = 0.97, explore_share: float = 0.003) -> None:
         """``ngram`` (N) bounds what a shape can emit in one step: a window of W guesses gives at
         most W + 1 tokens, a pool candidate N; the bandit ends a shape's trials once it could not
         pay even at that.
@@ -118,8 +117,8 @@ class ShapeBandit(Bandit):
         every 185 rounds (an answer or two), one at half speed every 1,700.
         """
         ceiling = {(w, g): 1 + max(w, ngram - 1 if g else 0) for w, g in shapes}
-        super().__init__(shapes, baseline=(0, 0), min_tries=min_tries, probe_every=probe_every,
-                         max_interval=max_interval, decay=decay, ceiling=ceiling, explore_share=explore_share)
+        super().__init__(shapes, baseline=(0, 0), min_tries=min_tries, decay=decay, ceiling=ceiling,
+                         explore_share=explore_share)
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
