@@ -27,7 +27,7 @@ from backends.core.engine import generate
 from backends.core.errors import IncompatibleDraftError, SpecDeckError
 from backends.core.noise import BatchNoise, measure_batch_noise
 from backends.core.protocols import Drafter
-from backends.core.types import HIDDEN_STATES, ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
+from backends.core.types import HIDDEN_STATES, NATIVE_MTP, ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
 from backends.drafters import DRAFT_MODEL, DrafterResources, describe, head_requirement, method_spec
 from backends.heads.files import HEAD_KINDS, HeadFile, ModelFingerprint, find_heads
 from backends.models.weights import TokenEmbeddings
@@ -289,6 +289,7 @@ class Session:
             head=self.head,
             offers=self.offers,
             embeddings=lambda: self.embeddings,
+            native_head=self.target.native_head if NATIVE_MTP in self.target.offers else None,
         )
         drafter = spec.build(chosen, resources)
         missing = drafter.requires - self.target.offers

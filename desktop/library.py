@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 from backends.hardware.fit import RuntimeSettings, plan
 from backends.hardware.shape import load_shape
 from backends.hardware.types import HardwareReport
+from backends.llamacpp.model import mtp_in_header
 from backends.models.catalog import CATALOG, list_models
 from backends.models.gguf_info import read_gguf_info
 from backends.models.paths import library_dir
@@ -78,15 +79,18 @@ def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int) ->
     if path is None or not path.exists():
         return EntryDetails(entry.spec, "-", "-", "-", "-", "-", "made on first use")
     shape = load_shape(path)
+    architecture = shape.architecture
     if shape.format == "gguf":
         info = read_gguf_info(path)
         quant, params, size = info.file_type, info.n_params, info.file_size
+        if mtp_in_header(path):
+            architecture += " + MTP"  # its own next-n block: the mtp method drafts with it
     else:
         quant, params = f"{shape.weight_dtype_bytes * 8}-bit", None
         size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     fit = plan(shape, hw, RuntimeSettings(n_ctx=n_ctx)).label if hw is not None else "..."
     return EntryDetails(
-        entry.spec, shape.architecture, f"{params / 1e6:.0f} M" if params else "-", quant,
+        entry.spec, architecture, f"{params / 1e6:.0f} M" if params else "-", quant,
         f"{shape.n_ctx_train:,}", f"{size / 2**20:,.0f} MiB", fit,
     )
 

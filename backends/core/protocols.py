@@ -7,7 +7,7 @@ backend and backends never depend on a drafter.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +48,11 @@ class Target(Protocol):
     def hidden_states(self, start: int, end: int) -> np.ndarray:
         """The kept hidden states of cached positions ``start .. end - 1``, [end - start, d] float32
         (``HIDDEN_STATES`` targets, after ``prefill(..., hidden=True, hidden_from <= start)``)."""
+
+    def native_head(self) -> Any:
+        """The model's own draft head, evaluated by the backend (``NATIVE_MTP`` targets only): an
+        object with ``d``, ``vocab``, ``new_cache()``, ``forward`` and ``log_probs`` as a numpy
+        ``backends.heads.eagle.EagleHead`` has, which the EAGLE drafter drafts with."""
 
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
         """One forward over the root (at position ``n_past``) and every proposal node."""

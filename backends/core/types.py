@@ -24,6 +24,9 @@ ROLLBACK = "rollback"
 # The target can decode several independent sequences in one forward (``target.sequences``):
 # recording training data answers several prompts at once, for the price of little more than one.
 SEQUENCES = "sequences"
+# The model has a next-n (multi-token prediction) block of its own that the target can run as a
+# draft head (``target.native_head()``), as DeepSeek-V3, GLM-4.5 and MiMo files do.
+NATIVE_MTP = "native_mtp"
 
 NO_LIMIT = 1 << 30  # a limit a target does not have
 

@@ -22,7 +22,7 @@ from backends.core.costs import CostModel
 from backends.core.planner import could_pay
 from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
-from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE, SamplingSettings
+from backends.core.types import HIDDEN_STATES, NATIVE_MTP, ROLLBACK, TREE, SamplingSettings
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
@@ -51,6 +51,8 @@ REQUIREMENT_TEXT = {
     DATASTORE: "a REST datastore built for this model's tokenizer (`specdeck datastore build`)",
     TREE: "a target that verifies token trees",
     HIDDEN_STATES: "a target that returns hidden states",
+    NATIVE_MTP: "a model file with a next-n (MTP) block of its own, as DeepSeek-V3, GLM-4.5 or MiMo have "
+                "(this model has none)",
     ROLLBACK: "a model whose cache can forget rejected guesses (recurrent and hybrid models such as Mamba, "
               "RWKV, LFM2, Granite-H and Qwen3-Next cannot)",
 }
@@ -90,6 +92,9 @@ class DrafterResources:
     offers: frozenset[str] = frozenset()
     # The target's token embeddings (ids [n] -> rows [n, d]), for heads that read tokens (EAGLE).
     embeddings: Callable[[], Callable[[np.ndarray], np.ndarray]] | None = None
+    # The model's own draft head, run by the backend (``NATIVE_MTP``: its next-n block); the same
+    # interface as a numpy ``EagleHead``.
+    native_head: Callable[[], Any] | None = None
 
 
 TASKS = ("chat", "summarize", "code", "rag")  # the kinds of work the recommender ranks methods for
@@ -304,6 +309,32 @@ def could_pay_here(name: str, res: DrafterResources) -> bool:
     return res.memory[key]
 
 
+@dataclass(frozen=True)
+class MTPSettings:
+    top_k: int = 4  # children each drafted node offers (siblings are verified too)
+    depth: int = 4  # deepest draft level: every level is one forward of the MTP block
+    max_nodes: int = 16  # most tree nodes verified in one step
+    context_rows: int = 512  # prompt rows the block reads at the start of an answer
+    min_chance: float = 0.05  # draft no deeper once the best path's chance falls below this
+    adaptive: bool = True  # False: always verify max_nodes nodes, run the block every step
+
+    def eagle(self) -> EagleSettings:
+        """The EAGLE-2 drafter's settings for it: one node expanded per depth, since llama.cpp's
+        MTP context keeps one chain per sequence (``backends.llamacpp.mtp``)."""
+        return EagleSettings(top_k=self.top_k, expand=1, depth=self.depth, max_nodes=self.max_nodes,
+                             context_rows=self.context_rows, min_chance=self.min_chance, adaptive=self.adaptive)
+
+
+def _build_mtp(settings: MTPSettings, res: DrafterResources) -> Drafter:
+    if res.native_head is None:
+        raise SpecDeckError(f"mtp needs {REQUIREMENT_TEXT[NATIVE_MTP]}")
+    gate = res.memory.setdefault(("mtp", settings, "gate"), gate_bandit())  # what running the block paid, kept
+    drafter = EagleDrafter(res.native_head(), settings.eagle(), costs=res.costs(), sizer=res.memory.get(("mtp", settings)),
+                           gate=gate)
+    res.memory[("mtp", settings)] = drafter.sizer  # calibration carries over to the next answer
+    return drafter
+
+
 HEAD_ARMS = ("eagle2", "medusa")  # auto's arms that need a trained head, best first
 
 
@@ -421,6 +452,17 @@ REGISTRY: dict[str, MethodSpec] = {
             requires=frozenset({HIDDEN_STATES, TREE, ROLLBACK, head_requirement("eagle")}),
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.3, "code": 0.3, "rag": 0.3}),
             prior_draft=3,
+        ),
+        MethodSpec(
+            "mtp",
+            "the model's own multi-token-prediction (next-n) block, run by llama.cpp, guesses the next "
+            "tokens from its hidden state (DeepSeek-V3, GLM-4.5, MiMo and other files that ship one)",
+            MTPSettings,
+            _build_mtp,
+            requires=frozenset({HIDDEN_STATES, TREE, ROLLBACK, NATIVE_MTP}),
+            # DeepSeek-V3 reports 85-90% acceptance of its MTP token; on the low side here
+            prior_acceptance=MappingProxyType({"chat": 0.6, "summarize": 0.6, "code": 0.6, "rag": 0.6}),
+            prior_draft=2,
         ),
         MethodSpec(
             "specinfer",

@@ -146,7 +146,8 @@ class EagleDrafter(Drafter):
             raise SpecDeckError(f"the EAGLE head reads {self.head.d}-wide hidden states, the model gives {hidden.shape[1]}")
         self.cache.reset()
         self.steps.begin()
-        self._frontier: tuple[int, np.ndarray] | None = None  # (position, the state its row predicted)
+        # (position, the state its row predicted, that state's log-probabilities [V'])
+        self._frontier: tuple[int, np.ndarray, np.ndarray] | None = None
         self._root = len(prompt) - 1
         # pending rows: (feature [d], next token, position); the prompt's last rows, row t = (f_t, x_{t+1})
         n = 0 if hidden is None else min(len(hidden), len(prompt) - 1, self.settings.context_rows)
@@ -156,6 +157,8 @@ class EagleDrafter(Drafter):
 
     def _catch_up(self) -> None:
         """Run the pending rows (true states) into the cache; the last one's output is the frontier."""
+        if not self._pending:
+            return
         while self._pending:
             rows, self._pending = self._pending[:CATCH_UP_CHUNK], self._pending[CATCH_UP_CHUNK:]
             feats = np.stack([r[0] for r in rows]).astype(np.float32)  # [n, d]
@@ -163,7 +166,9 @@ class EagleDrafter(Drafter):
             positions = np.array([r[2] for r in rows], np.int64)
             out = self.head.forward(feats, tokens, positions, self.cache, np.tril(np.ones((len(rows),) * 2, bool)))
             self.cache.commit()
-            self._frontier = (int(positions[-1]), out[-1])
+        # the log-probabilities now, from the forward that made the state: a head run by the
+        # backend (a model's own MTP block) hands them out with its states
+        self._frontier = (int(positions[-1]), out[-1], self.head.log_probs(out[-1:])[0])
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._root = len(context) - 1
@@ -181,9 +186,9 @@ class EagleDrafter(Drafter):
     def _grow(self, budget: Budget) -> RankedTree:
         """The EAGLE-2 tree after the root (see the module docstring), ranked."""
         s, head = self.settings, self.head
-        base, state = self._frontier
+        base, state, log_probs = self._frontier
         grown = _Grown([], [], [], [], {}, {})
-        level = grown.add_children(-1, head.log_probs(state[None])[0], head.vocab, s.top_k)
+        level = grown.add_children(-1, log_probs, head.vocab, s.top_k)
         max_depth = min(s.depth, budget.max_depth)
         floor = np.log(s.min_chance) if s.min_chance > 0 else -np.inf
         for depth in range(2, max_depth + 1):

@@ -140,6 +140,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from backends.hardware.bandwidth import cpu_bandwidth
     from backends.hardware.detect import detect_hardware
     from backends.hardware.recommend import recommend
+    from backends.core.types import NATIVE_MTP
+    from backends.llamacpp.model import mtp_in_header
     from backends.llamacpp.target import LlamaTarget
     from backends.models.catalog import CATALOG, is_present, resolve_model
 
@@ -150,6 +152,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     drafts = [_model_path(d) for d in args.draft_model] or [resolve_model(m) for m in CATALOG if is_present(m)]
     model = _model_path(args.model)
     heads = frozenset(head_requirement(k) for k in HEAD_KINDS if find_heads(model, k))  # trained for this model
+    heads |= {NATIVE_MTP} if mtp_in_header(model) else set()  # its own next-n block
     result = recommend(model, hw, task=args.task, drafts=drafts,
                        rt=RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type),
                        cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes), target_offers=LlamaTarget.offers | heads,

@@ -26,6 +26,23 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
               32: "BF16"}
 
 
+# Architectures whose llama.cpp graph runs a next-n block in an MTP context (src/models/*.cpp that
+# build LLM_GRAPH_TYPE_DECODER_MTP). glm4 and exaone4 files may hold next-n tensors too, but their
+# graphs never run them.
+MTP_GRAPHS = frozenset({"deepseek2", "deepseek32", "deepseek4", "glm4moe", "glm-dsa", "glm5-next", "qwen35",
+                        "qwen35moe", "qwen3next", "step35", "hy_v3", "mimo2", "bailingmoe3", "cohere2moe",
+                        "nemotron_h_moe"})
+
+
+def mtp_in_header(path: str | os.PathLike) -> bool:
+    """Whether a GGUF's header promises a next-n (MTP) block llama.cpp can run (read without
+    loading the weights: the recommender and the library ask before a model is loaded)."""
+    from backends.models.gguf_info import read_gguf_info
+
+    info = read_gguf_info(path)
+    return info.n_layer_nextn > 0 and info.architecture in MTP_GRAPHS
+
+
 class LlamaModel:
     """Loaded weights and vocabulary. Close it (or use ``with``) to free the memory at once."""
 
@@ -39,6 +56,7 @@ class LlamaModel:
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = use_mmap
         params.vocab_only = vocab_only
+        params.load_mtp = True  # a file's next-n (MTP) blocks, if it has any: the ``mtp`` drafter runs them
         cancelled = False
         if progress is not None:
             def on_progress(fraction: float, _user_data: ctypes.c_void_p) -> bool:
@@ -61,6 +79,7 @@ class LlamaModel:
         self.n_ctx_train: int = lib.llama_model_n_ctx_train(model)
         self.n_layer: int = lib.llama_model_n_layer(model)
         self.n_embd: int = lib.llama_model_n_embd(model)
+        self.n_layer_nextn: int = lib.llama_model_n_layer_nextn(model)  # next-n (MTP) blocks after the n_layer
         self.bos: int = lib.llama_vocab_bos(self.vocab_ptr)
         self.eos: int = lib.llama_vocab_eos(self.vocab_ptr)
         self.add_bos: bool = bool(lib.llama_vocab_get_add_bos(self.vocab_ptr))
@@ -109,6 +128,11 @@ class LlamaModel:
     def is_hybrid(self) -> bool:
         """Attention layers next to recurrent ones (LFM2, Granite-H, Qwen3-Next)."""
         return bool(llama().llama_model_is_hybrid(self.ptr))
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the file has a next-n (MTP) block that llama.cpp's graph for it can run."""
+        return self.n_layer_nextn > 0 and self.meta("general.architecture") in MTP_GRAPHS and self.can_roll_back
 
     @property
     def can_roll_back(self) -> bool:

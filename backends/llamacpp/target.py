@@ -47,7 +47,8 @@ import numpy as np
 
 from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import HIDDEN_STATES, ROLLBACK, SEQUENCES, TREE, Proposal, TargetLimits, TargetOutput, Verdict
+from backends.core.types import (HIDDEN_STATES, NATIVE_MTP, ROLLBACK, SEQUENCES, TREE, Proposal, TargetLimits, TargetOutput,
+                                 Verdict)
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.sequences import LlamaSequences
 from backends.models.llama_lib import llama, recent_errors
@@ -109,6 +110,10 @@ class LlamaTarget:
         self.offers = offers_for(recurrent=model.is_recurrent, hybrid=model.is_hybrid)
         if lib.llama_pooling_type(ctx) != POOLING_NONE:  # an embedding model: states would come pooled
             self.offers -= {HIDDEN_STATES, SEQUENCES}
+        if model.has_mtp and HIDDEN_STATES in self.offers:
+            self.offers |= {NATIVE_MTP}
+        self._native_head = None  # the model's MTP block, in a context of its own once a drafter asks
+        self.n_threads_batch = n_threads_batch or threads
         self.limits = TargetLimits(max_batch=n_batch, max_paths=max_tree_paths)
         self._n_swa = model.n_swa  # sliding window of the SWA layers (0: none)
         self._decodes = 0  # counts forwards: a TargetOutput's logits are valid while it stands still
@@ -128,9 +133,24 @@ class LlamaTarget:
         self._last_hidden: np.ndarray | None = None  # [1 + n_nodes, hidden_size] of the last verify
         self._views()
 
+    def native_head(self):
+        """The model's next-n block as a draft head (``NATIVE_MTP``; ``backends.llamacpp.mtp``), in a
+        context of its own made once and freed with this one."""
+        if NATIVE_MTP not in self.offers:
+            raise BackendError(f"{self.model.name} has no next-n (MTP) block to draft with")
+        if self._native_head is None:
+            from backends.llamacpp.mtp import MTPHead
+
+            self._native_head = MTPHead(self.model, n_ctx=self.n_ctx, n_threads=self.n_threads,
+                                        n_threads_batch=self.n_threads_batch)
+        return self._native_head
+
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:
         lib = llama()
+        if getattr(self, "_native_head", None) is not None:
+            self._native_head.close()
+            self._native_head = None
         if getattr(self, "ctx", None):
             self._decodes += 1  # logits handed out point into the context being freed
             lib.llama_batch_free(self._batch)

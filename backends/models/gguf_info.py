@@ -37,7 +37,7 @@ from backends.core.errors import ModelFileError
 from backends.models.paths import cache_dir, write_atomic
 
 GGUF_MAGIC = b"GGUF"
-_CACHE_VERSION = 4
+_CACHE_VERSION = 5  # 5: n_layer_nextn
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class GGUFInfo:
     n_ff: int | None = None
     n_head_kv_layers: tuple[int, ...] = ()  # per layer, when the file gives a list (else empty)
     swa_layers: tuple[bool, ...] = ()  # per layer, when the file gives sliding_window_pattern
+    n_layer_nextn: int = 0  # next-n (MTP) blocks among the n_layer (DeepSeek-V3, GLM-4.5: the last ones)
 
     @property
     def weights_bytes(self) -> int:
@@ -461,6 +462,7 @@ def _summarize(path: Path, file_size: int, f: _Fields, tensors: tuple[TensorInfo
         n_ff=f.largest(f"{arch}.feed_forward_length"),
         n_head_kv_layers=f.integers(f"{arch}.attention.head_count_kv"),
         swa_layers=tuple(bool(x) for x in f.integers(f"{arch}.attention.sliding_window_pattern")),
+        n_layer_nextn=f.integer(f"{arch}.nextn_predict_layers") or 0,
         chat_template=f.text("tokenizer.chat_template"),
         vocab=vocab,
         tensors=tensors,
