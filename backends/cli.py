@@ -327,7 +327,7 @@ def cmd_datastore(args: argparse.Namespace) -> int:
     files = [f for source in args.source for f in source_texts(source)]
     with LlamaModel(resolve_model(args.model), vocab_only=True) as model:
         def show(done: int, total: int) -> None:
-            print(f"\r  tokenizing {done:,} of {total:,} files", end="", file=sys.stderr, flush=True)
+            print(f"\r  tokenizing: {done:,} documents from {total:,} files", end="", file=sys.stderr, flush=True)
 
         report = build_datastore(read_sources(files), args.out, tokenize=lambda t: model.tokenize(t, add_special=False, parse_special=False),
                                  vocab=model.vocab_info, model_name=model.name, progress=show, total=len(files))
