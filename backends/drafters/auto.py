@@ -45,7 +45,7 @@ class MethodSelector:
     def __init__(self, arms: Sequence[str], *, min_tries: int = 3, decay: float = 0.95, margin: float = 0.03,
                  explore_share: float = 0.02, min_gap: int = 4) -> None:
         """An answer is a round, so re-checking losers gets a larger share than a per-step bandit's
-        1% and a shorter gap: one 10% behind is played again every 5 answers per losing arm."""
+        1% and a shorter gap: one 10% behind is played again about every 6 answers per losing arm."""
         self.arms = list(arms)
         self._make = lambda: Bandit(self.arms, baseline=PLAIN, min_tries=min_tries, decay=decay, margin=margin,
                                     explore_share=explore_share, min_gap=min_gap)
