@@ -70,9 +70,13 @@ def test_this_process_runs_a_probed_variant():
 def test_a_variant_that_dies_by_sigill_is_reported_and_skipped(module_dir, tmp_path):
     cache = tmp_path / "probe.json"
     runtime = llama_runtime.choose(dirs=[module_dir], cache_file=cache, use_cache=False, forced="")
-    # The process running this test is alive; the two trapping modules each killed a child.
+    # The process running this test is alive; the two trapping modules each killed a child. A
+    # real variant may die too, by the CPU's own refusal (the sapphirerapids one on a VM that
+    # lists AMX without enabling it): then it is one of this build's, killed by a signal as well.
     died = {a.variant: a for a in runtime.attempts if not a.ok}
-    assert set(died) == {"zzdies", "zzscoredies"}
+    assert {"zzdies", "zzscoredies"} <= set(died)
+    for variant in set(died) - {"zzdies", "zzscoredies"}:
+        assert variant in llama_runtime.find_variants() and "killed by" in died[variant].reason, died[variant].reason
     assert "SIGILL" in died["zzdies"].reason and "loading the CPU module" in died["zzdies"].reason
     assert "SIGILL" in died["zzscoredies"].reason and "being loaded" in died["zzscoredies"].reason
     assert runtime.variant not in died and runtime.variant in llama_runtime.find_variants()
