@@ -1,9 +1,10 @@
-"""``specdeck train medusa|eagle``: a head for the user's own model, made on the user's own PC.
+"""``specdeck train medusa|eagle|eagle3``: a head for the user's own model, made on the user's own PC.
 
 Two phases, both resumable (run the same command again after Ctrl+C or a crash):
 
 1. Record. The model answers prompts itself, greedy, and its hidden states are kept
-   (``backends.heads.record``), one file per answer under the cache folder; a rerun skips the
+   (``backends.heads.record``; for EAGLE-3 three layers' inputs besides the final state,
+   ``record_layers``), one file per answer under the cache folder; a rerun skips the
    conversations already there. A target that decodes several sequences in one forward
    (``SEQUENCES``) answers as many conversations at once as its measured cost curve says pay:
    on 2 AMD EPYC cores, 14 at once record SmolLM2 F16 answers at 147 tokens/s against 75 one by
@@ -117,9 +118,10 @@ def saved_chats(path: Path) -> dict[int, list[str]]:
     return out
 
 
-def data_folder(fingerprint: ModelFingerprint, data: str, max_new_tokens: int) -> Path:
+def data_folder(fingerprint: ModelFingerprint, data: str, max_new_tokens: int, layers: tuple[int, ...] = ()) -> Path:
     tag = data if data in ("spec-bench", "chats") else Path(data).stem
-    return cache_dir() / "train" / f"{fingerprint.vocab_digest}-{fingerprint.file_type}" / f"{tag}-{max_new_tokens}"
+    which = "-layers" + "_".join(map(str, layers)) if layers else ""  # recordings of other states apart
+    return cache_dir() / "train" / f"{fingerprint.vocab_digest}-{fingerprint.file_type}" / f"{tag}-{max_new_tokens}{which}"
 
 
 class Conversation:
@@ -149,7 +151,7 @@ class Conversation:
 
 
 def record(session, turns: dict[int, list[str]], store: SampleStore, *, max_new_tokens: int, deadline: float,
-           limit: int | None, report: Callable[[dict], None]) -> int:
+           limit: int | None, report: Callable[[dict], None], layers: tuple[int, ...] = ()) -> int:
     """Answer conversations in order until ``deadline``; returns how many are recorded in all.
 
     A target that decodes several sequences at once (``SEQUENCES``) answers as many conversations
@@ -172,11 +174,12 @@ def record(session, turns: dict[int, list[str]], store: SampleStore, *, max_new_
                 "eta_s": max(0.0, deadline - time.time())})
 
     if together:
-        with session.target.sequences(recording_sequences(session, room), room) as seqs:
+        with session.target.sequences(recording_sequences(session, room), room, layers) as seqs:
             record_together(seqs, conversations(), store, eog=session.model.eog_ids,
                             piece=session.model.token_piece, max_new_tokens=max_new_tokens, progress=progress)
     else:
-        record_one_by_one(session.target, conversations(), store, max_new_tokens=max_new_tokens, progress=progress)
+        record_one_by_one(session.target, conversations(), store, max_new_tokens=max_new_tokens, progress=progress,
+                          layers=layers)
     return len({n // TURNS for n in store.indices()})
 
 
@@ -197,7 +200,7 @@ def recording_sequences(session, n_ctx_seq: int) -> int:
 
 
 def record_one_by_one(target, conversations: Iterator[Conversation], store: SampleStore, *, max_new_tokens: int,
-                      progress: Callable[[int, int], None]) -> None:
+                      progress: Callable[[int, int], None], layers: tuple[int, ...] = ()) -> None:
     """Each turn through the engine with a ``Recorder``: any target that offers hidden states."""
     from backends.core.engine import generate
 
@@ -205,7 +208,7 @@ def record_one_by_one(target, conversations: Iterator[Conversation], store: Samp
     tokens = 0
     for done, conv in enumerate(conversations, 1):
         while (prompt := conv.next_prompt()) is not None:
-            recorder = Recorder()
+            recorder = Recorder(layers)
             finished = None
             for event in generate(target, recorder, prompt, gen):
                 if isinstance(event, Finished):
@@ -307,10 +310,19 @@ def _medusa(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[
     return trainer, len(examples.states), int(examples.held_out.sum())
 
 
+def _eagle_shape(info, draft_vocab: int):
+    """A layer shaped like one of the target's (its width, heads, feed-forward)."""
+    from backends.heads.eagle import EagleShape
+
+    n_head = info.n_head if info.n_head and info.n_embd % info.n_head == 0 else max(1, info.n_embd // 64)
+    n_kv = info.n_head_kv if info.n_head_kv and n_head % info.n_head_kv == 0 else n_head
+    return EagleShape(d=info.n_embd, n_head=n_head, n_kv_head=n_kv, head_dim=info.n_embd // n_head,
+                      d_ff=info.n_ff or 4 * info.n_embd, draft_vocab=draft_vocab)
+
+
 def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
            folder: Path):
     """The EAGLE trainer: a layer shaped like one of the target's (its width, heads, feed-forward)."""
-    from backends.heads.eagle import EagleShape
     from backends.heads.eagle_training import EagleTrainConfig, EagleTrainer, eagle_sequences
     from backends.heads.training import draft_vocabulary
     from backends.models.gguf_info import read_gguf_info
@@ -318,11 +330,8 @@ def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[i
 
     config = EagleTrainConfig(seed=seed)
     info = read_gguf_info(model_path)
-    n_head = info.n_head if info.n_head and info.n_embd % info.n_head == 0 else max(1, info.n_embd // 64)
-    n_kv = info.n_head_kv if info.n_head_kv and n_head % info.n_head_kv == 0 else n_head
     vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
-    shape = EagleShape(d=info.n_embd, n_head=n_head, n_kv_head=n_kv, head_dim=info.n_embd // n_head,
-                       d_ff=info.n_ff or 4 * info.n_embd, draft_vocab=len(vocab))
+    shape = _eagle_shape(info, len(vocab))
     data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
                            group=lambda n: n // TURNS)
     trainer = EagleTrainer(data, vocab, tensor_rows(model_path, vocab), shape, fingerprint, config,
@@ -331,7 +340,43 @@ def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[i
     return trainer, int(data.valid.sum()), held
 
 
-TRAINERS = {"medusa": _medusa, "eagle": _eagle}  # head kind -> its trainer over recorded samples
+def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
+            folder: Path):
+    """The EAGLE-3 trainer: the layer as for EAGLE, reading the recorded layers (``record_layers``)."""
+    from backends.heads.eagle3 import Eagle3Shape
+    from backends.heads.eagle3_training import Eagle3TrainConfig, Eagle3Trainer
+    from backends.heads.eagle_training import eagle_sequences
+    from backends.heads.training import draft_vocabulary
+    from backends.models.gguf_info import read_gguf_info
+    from backends.models.weights import TokenEmbeddings
+
+    config = Eagle3TrainConfig(seed=seed)
+    info = read_gguf_info(model_path)
+    base = _eagle_shape(info, 1)
+    layers = record_layers("eagle3", info.n_layer)[:-1]  # the last recorded state is the final one
+    vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
+    shape = Eagle3Shape(**dict(base.__dict__, draft_vocab=len(vocab)), layers=layers, target_d=info.n_embd)
+    data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
+                           group=lambda n: n // TURNS)
+    trainer = Eagle3Trainer(data, vocab, tensor_rows(model_path, vocab), shape, fingerprint, config,
+                            folder / f"eagle3-seed{seed}.checkpoint.safetensors")
+    held = int((data.valid & data.held_out[:, None]).sum())
+    return trainer, int(data.valid.sum()), held
+
+
+def record_layers(kind: str, n_layer: int) -> tuple[int, ...]:
+    """The target states a kind of head trains on (``Target.prefill``'s ``layers``): the final
+    state, or for EAGLE-3 its three layers' inputs and the final state (for the target's
+    distribution)."""
+    if kind == "eagle3":
+        from backends.core.types import FINAL_STATE
+        from backends.heads.eagle3 import default_layers
+
+        return (*default_layers(n_layer), FINAL_STATE)
+    return ()
+
+
+TRAINERS = {"medusa": _medusa, "eagle": _eagle, "eagle3": _eagle3}  # head kind -> its trainer over recorded samples
 
 
 def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: None,
@@ -351,10 +396,11 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     with Session(SessionConfig(model=req.model, n_threads=req.n_threads)) as session:
         path = Path(session.model.path)
         fingerprint = ModelFingerprint.of(path)
-        folder = data_folder(fingerprint, req.data, req.max_new_tokens)
-        store = SampleStore(folder, {"model": fingerprint.describe(), "data": req.data,
-                                     "max_new_tokens": req.max_new_tokens})
-        done = record(session, turns, store, max_new_tokens=req.max_new_tokens,
+        layers = record_layers(req.kind, session.model.n_layer)
+        folder = data_folder(fingerprint, req.data, req.max_new_tokens, layers)
+        source = {"model": fingerprint.describe(), "data": req.data, "max_new_tokens": req.max_new_tokens}
+        store = SampleStore(folder, dict(source, layers=list(layers)) if layers else source)
+        done = record(session, turns, store, max_new_tokens=req.max_new_tokens, layers=layers,
                       deadline=started + req.minutes * 60 * req.record_share, limit=req.prompts, report=report)
         eog = sorted(session.model.eog_ids)
         n_vocab = session.model.n_vocab

@@ -113,7 +113,7 @@ class MethodAdvice:
     rejected_drafts: tuple[tuple[str, str], ...]
 
 
-HEAD_NAMES = {"eagle": "an EAGLE", "medusa": "a Medusa"}  # the Train button's words for a kind of head
+HEAD_NAMES = {"eagle": "an EAGLE", "eagle3": "an EAGLE-3", "medusa": "a Medusa"}  # the Train button's words for a kind of head
 
 
 class MethodPanel(QGroupBox):
@@ -247,14 +247,14 @@ class MethodPanel(QGroupBox):
 
     def missing_head(self) -> str | None:
         """A kind of trained head that a method needs and the loaded model lacks (while the model
-        gives hidden states to train one on), if any: what the Train button offers to make. The
-        chosen method's head comes first."""
+        gives hidden states to train one on, and the method lacks nothing else), if any: what the
+        Train button offers to make. The chosen method's head comes first."""
         if HIDDEN_STATES not in self._offers:
             return None
         current = REGISTRY.get(self.method())
         for spec in ([current] if current else []) + list(REGISTRY.values()):
             missing = sorted(r for r in spec.requires - self._offers if r.startswith(HEAD_PREFIX))
-            if missing:
+            if missing and all(r.startswith(HEAD_PREFIX) for r in spec.requires - self._offers):  # a head is all it lacks
                 return missing[0][len(HEAD_PREFIX):]
         return None
 

@@ -9,7 +9,8 @@ must sit at numerical near-ties.
 
 With ``hidden_size`` it also offers ``HIDDEN_STATES``: the "hidden state" of a position is a fixed
 random vector of its last two tokens, again a pure function of the history, so heads trained or
-drawn at random can draft from it.
+drawn at random can draft from it; "layer ``il``'s input" (``LAYER_STATES``) is that vector
+rolled by ``il + 1``, so several layers side by side differ.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 
 from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import HIDDEN_STATES, ROLLBACK, TREE, Proposal, TargetLimits, TargetOutput, Verdict
+from backends.core.types import (FINAL_STATE, HIDDEN_STATES, LAYER_STATES, ROLLBACK, TREE, Proposal, TargetLimits, TargetOutput,
+                                 Verdict)
 
 
 class OracleTarget:
@@ -36,8 +38,9 @@ class OracleTarget:
         self.hidden_size = hidden_size
         self.states = rng.normal(size=(vocab, vocab, hidden_size)).astype(np.float32) if hidden_size else None
         if hidden_size:
-            self.offers = frozenset({TREE, ROLLBACK, HIDDEN_STATES})
+            self.offers = frozenset({TREE, ROLLBACK, HIDDEN_STATES, LAYER_STATES})
         self._keep_hidden = False
+        self._layers: tuple[int, ...] = ()
         self._hidden_from = 0
         self.table = rng.normal(size=(vocab, vocab, vocab)).astype(np.float32) * sharpness
         if perturb:
@@ -69,8 +72,11 @@ class OracleTarget:
         return row
 
     def state_for(self, history: Sequence[int]) -> np.ndarray:
-        """The hidden state after ``history`` (pure function of its last two tokens)."""
-        return self.states[history[-2] if len(history) > 1 else 0, history[-1]]
+        """The hidden state after ``history`` (pure function of its last two tokens), of the layers
+        the last prefill asked for."""
+        base = self.states[history[-2] if len(history) > 1 else 0, history[-1]]
+        parts = [base if il == FINAL_STATE else np.roll(base, il + 1) for il in self._layers or (FINAL_STATE,)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     # -- target protocol -----------------------------------------------------------------------
     @property
@@ -81,7 +87,7 @@ class OracleTarget:
         self.tokens = []
 
     def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
-                hidden: bool = False, hidden_from: int = 0) -> int:
+                hidden: bool = False, hidden_from: int = 0, layers: tuple[int, ...] = ()) -> int:
         if len(tokens) > self.n_ctx:
             raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
         common = 0
@@ -90,6 +96,7 @@ class OracleTarget:
         if hidden and self.states is None:
             raise BackendError("this oracle has no hidden states (hidden_size=0)")
         self._keep_hidden = hidden
+        self._layers = tuple(layers) if hidden else ()
         self._hidden_from = hidden_from  # states before it are not handed out (as a real target keeps none)
         del self.tokens[common:]
         for start in range(common, len(tokens), self.limits.max_batch):
@@ -134,7 +141,8 @@ class OracleTarget:
         if not self._keep_hidden or end > len(self.tokens) or start < self._hidden_from:
             raise BackendError(f"no hidden states kept for positions {start}..{end - 1}")
         rows = [self.state_for(self.tokens[: i + 1]) for i in range(start, end)]
-        return np.stack(rows).reshape(-1, self.hidden_size) if rows else np.zeros((0, self.hidden_size), np.float32)
+        width = self.hidden_size * max(1, len(self._layers))
+        return np.stack(rows).reshape(-1, width) if rows else np.zeros((0, width), np.float32)
 
     def commit(self, verdict: Verdict) -> None:
         root, tokens = self._pending

@@ -92,7 +92,7 @@ def generate(
     first = max(0, len(prompt) - 1 - drafter.prompt_states)  # the first prompt position whose state it reads
     try:
         reused = target.prefill(prompt[:-1], stop=None if cancel is None else cancel.is_set, hidden=hidden,
-                                hidden_from=first)
+                                hidden_from=first, layers=drafter.state_layers if hidden else ())
         drafter.begin(prompt, target.hidden_states(first, len(prompt) - 1) if hidden else None)
     except Cancelled:
         yield Finished(reason="cancelled", tokens=(), text="", stats=stats.result("cancelled"))

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkabl
 
 import numpy as np
 
+from backends.core.errors import SpecDeckError
 from backends.core.types import HIDDEN_STATES, NO_LIMIT, Budget, Proposal, TargetLimits, TargetOutput, Verdict
 
 
@@ -35,7 +36,7 @@ class Target(Protocol):
         """Empty the KV cache."""
 
     def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
-                hidden: bool = False, hidden_from: int = 0) -> int:
+                hidden: bool = False, hidden_from: int = 0, layers: tuple[int, ...] = ()) -> int:
         """Make the cache hold exactly ``tokens`` (reusing a common prefix); returns reused count.
 
         ``stop`` is asked between chunks of the prompt; once it says yes the prefill raises
@@ -43,7 +44,9 @@ class Target(Protocol):
         ``hidden`` (targets offering ``HIDDEN_STATES``): keep the hidden state of every position
         from ``hidden_from`` on for ``hidden_states``, and return states with every verify until a
         prefill without it. Positions before ``hidden_from`` may be computed without them (a
-        prefill that returns states costs more: llama.cpp then computes every row's logits)."""
+        prefill that returns states costs more: llama.cpp then computes every row's logits).
+        ``layers`` (``LAYER_STATES`` targets): each state is the inputs of these layers side by
+        side, [len(layers) * d] (``FINAL_STATE`` for the final one); empty: the final state."""
 
     def hidden_states(self, start: int, end: int) -> np.ndarray:
         """The kept hidden states of cached positions ``start .. end - 1``, [end - start, d] float32
@@ -51,8 +54,9 @@ class Target(Protocol):
 
     def native_head(self) -> Any:
         """The model's own draft head, evaluated by the backend (``NATIVE_MTP`` targets only): an
-        object with ``d``, ``vocab``, ``new_cache()``, ``forward`` and ``log_probs`` as a numpy
-        ``backends.heads.eagle.EagleHead`` has, which the EAGLE drafter drafts with."""
+        object with ``d``, ``feature_width``, ``state_layers``, ``vocab``, ``new_cache()``,
+        ``features``, ``forward`` and ``log_probs`` as a numpy ``backends.heads.eagle.EagleHead``
+        has, which the EAGLE drafter drafts with."""
 
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
         """One forward over the root (at position ``n_past``) and every proposal node."""
@@ -86,6 +90,9 @@ class Drafter(Protocol):
     # drafters): the target computes states for those only. An EAGLE head reads a window of
     # them, Medusa's the last one, a recording all.
     prompt_states: int = NO_LIMIT
+    # Which states a ``HIDDEN_STATES`` drafter reads (``Target.prefill``'s ``layers``): empty for
+    # the final state; layer numbers (``LAYER_STATES``) for those layers' inputs side by side.
+    state_layers: tuple[int, ...] = ()
     playing: str = ""  # what runs this answer, where the drafter chooses (``auto``'s arm), for stats
     declined: str = ""  # why this answer drafted nothing, where the drafter chose so, for stats
 
@@ -105,7 +112,13 @@ class Drafter(Protocol):
         ``i + 1`` node ``i``'s; the accepted rows are the root and ``verdict.path``)."""
 
 
-def prompt_states_of(drafters: Iterable[Drafter]) -> int:
-    """The prompt states a drafter combining ``drafters`` must ask for: the most any of those that
-    read hidden states reads."""
-    return max((d.prompt_states for d in drafters if HIDDEN_STATES in d.requires), default=0)
+def states_of(drafters: Iterable[Drafter]) -> tuple[int, tuple[int, ...]]:
+    """What a drafter combining ``drafters`` asks the target for: the most prompt states any of
+    those that read hidden states reads, and the layers they read. They must read the same
+    layers: the target hands out one kind of state per answer."""
+    readers = [d for d in drafters if HIDDEN_STATES in d.requires]
+    layers = {d.state_layers for d in readers}
+    if len(layers) > 1:
+        raise SpecDeckError(f"drafters that read different hidden states ({' and '.join(map(str, sorted(layers)))}) "
+                            "cannot run together")
+    return max((d.prompt_states for d in readers), default=0), next(iter(layers), ())

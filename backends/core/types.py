@@ -16,6 +16,10 @@ from backends.core.tree import fit_paths, is_chain, tree_depths, validate_parent
 # never a method's name.
 TREE = "tree"  # the target verifies token trees (several branches in one forward)
 HIDDEN_STATES = "hidden_states"  # the target returns hidden states with its logits
+# The hidden states can be the inputs of chosen layers (``Drafter.state_layers``), several
+# concatenated per row, as an EAGLE-3 head reads a low, a middle and a high layer of the target.
+LAYER_STATES = "layer_states"
+FINAL_STATE = -1  # in ``state_layers``: the state after the last layer and its norm (the output layer's input)
 # The target's cache can forget the rejected tokens of a verify exactly. Every drafting method
 # needs it: a recurrent or hybrid model (Mamba, RWKV, LFM2, Granite-H, Qwen3-Next) folds each
 # token into a state it cannot take back, so its speculative output would differ from plain

@@ -22,7 +22,7 @@ from backends.core.costs import CostModel
 from backends.core.planner import could_pay
 from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
-from backends.core.types import HIDDEN_STATES, NATIVE_MTP, ROLLBACK, TREE, SamplingSettings
+from backends.core.types import HIDDEN_STATES, LAYER_STATES, NATIVE_MTP, ROLLBACK, TREE, SamplingSettings
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
@@ -33,6 +33,7 @@ from backends.drafters.pld import PLDDrafter, PLDSettings
 from backends.drafters.rest import RESTDrafter, RESTSettings
 from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings
 from backends.heads.eagle import EagleHead
+from backends.heads.eagle3 import Eagle3Head
 from backends.heads.files import HeadFile
 from backends.heads.medusa import MedusaHeads
 from backends.models.datastore import DATASTORE_FILE, Datastore
@@ -51,6 +52,8 @@ REQUIREMENT_TEXT = {
     DATASTORE: "a REST datastore built for this model's tokenizer (`specdeck datastore build`)",
     TREE: "a target that verifies token trees",
     HIDDEN_STATES: "a target that returns hidden states",
+    LAYER_STATES: "a model whose llama.cpp graph hands out the inputs of its layers (Llama, Qwen3, Gemma 4, "
+                  "gpt-oss and some others; not this one)",
     NATIVE_MTP: "a model file with a next-n (MTP) block of its own, as DeepSeek-V3, GLM-4.5 or MiMo have "
                 "(this model has none)",
     ROLLBACK: "a model whose cache can forget rejected guesses (recurrent and hybrid models such as Mamba, "
@@ -225,17 +228,22 @@ def _build_medusa(settings: MedusaSettings, res: DrafterResources) -> Drafter:
     return drafter
 
 
-def _build_eagle(settings: EagleSettings, res: DrafterResources) -> Drafter:
-    if res.head is None or res.embeddings is None:
-        raise SpecDeckError("eagle2 needs a target that gives hidden states and token embeddings, and a trained EAGLE head")
-    head = res.head("eagle", settings.head)
-    layer = res.memory.get(("eagle head", id(head)))
-    if layer is None:
-        layer = res.memory[("eagle head", id(head))] = EagleHead(head, res.embeddings())
-    gate = res.memory.setdefault(("eagle2", settings, "gate"), gate_bandit())  # what running the head paid, kept
-    drafter = EagleDrafter(layer, settings, costs=res.costs(), sizer=res.memory.get(("eagle2", settings)), gate=gate)
-    res.memory[("eagle2", settings)] = drafter.sizer  # calibration carries over to the next answer
-    return drafter
+def _eagle_builder(kind: str, make_head: Callable[[HeadFile, Callable], Any]) -> Callable[[EagleSettings, DrafterResources], Drafter]:
+    """The builder of a method drafting EAGLE-2 trees from a trained head of ``kind``."""
+
+    def build(settings: EagleSettings, res: DrafterResources) -> Drafter:
+        if res.head is None or res.embeddings is None:
+            raise SpecDeckError(f"a {kind} head needs a target that gives hidden states and token embeddings")
+        head = res.head(kind, settings.head)
+        layer = res.memory.get((kind, "head", id(head)))
+        if layer is None:
+            layer = res.memory[(kind, "head", id(head))] = make_head(head, res.embeddings())
+        gate = res.memory.setdefault((kind, settings, "gate"), gate_bandit())  # what running the head paid, kept
+        drafter = EagleDrafter(layer, settings, costs=res.costs(), sizer=res.memory.get((kind, settings)), gate=gate)
+        res.memory[(kind, settings)] = drafter.sizer  # calibration carries over to the next answer
+        return drafter
+
+    return build
 
 
 def _specinfer_requires(settings: SpecInferSettings) -> frozenset[str]:
@@ -448,8 +456,18 @@ REGISTRY: dict[str, MethodSpec] = {
             "an EAGLE head trained for this model on its own answers runs it ahead in its hidden states "
             "and drafts a dynamic tree (EAGLE-2; `specdeck train eagle`)",
             EagleSettings,
-            _build_eagle,
+            _eagle_builder("eagle", EagleHead),
             requires=frozenset({HIDDEN_STATES, TREE, ROLLBACK, head_requirement("eagle")}),
+            prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.3, "code": 0.3, "rag": 0.3}),
+            prior_draft=3,
+        ),
+        MethodSpec(
+            "eagle3",
+            "an EAGLE-3 head trained for this model on its own answers fuses a low, a middle and a high layer "
+            "of it and drafts a dynamic tree (`specdeck train eagle3`)",
+            EagleSettings,
+            _eagle_builder("eagle3", Eagle3Head),
+            requires=frozenset({HIDDEN_STATES, LAYER_STATES, TREE, ROLLBACK, head_requirement("eagle3")}),
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.3, "code": 0.3, "rag": 0.3}),
             prior_draft=3,
         ),

@@ -22,7 +22,7 @@ import numpy as np
 
 from backends.core.controller import Bandit
 from backends.core.costs import CostModel
-from backends.core.protocols import Drafter, prompt_states_of
+from backends.core.protocols import Drafter, states_of
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 
 PLAIN = "ar"  # the baseline arm: draft nothing
@@ -87,7 +87,7 @@ class AutoDrafter(Drafter):
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.arms = dict(arms)
         self.requires = frozenset().union(*(d.requires for d in self.arms.values()))
-        self.prompt_states = prompt_states_of(self.arms.values())  # the arm is chosen after the prefill
+        self.prompt_states, self.state_layers = states_of(self.arms.values())  # the arm is chosen after the prefill
         self.costs = costs
         self.selector = selector
         self.clock = clock

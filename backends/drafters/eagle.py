@@ -2,6 +2,9 @@
 
 The head (``backends.heads.eagle``) reads the target's hidden state and the token that followed,
 and predicts the next state; fed its own predictions it walks ahead one tree level per forward.
+``eagle3`` and ``mtp`` draft with this drafter too: an EAGLE-3 head (``backends.heads.eagle3``)
+reads the inputs of three target layers (``state_layers``, which the engine asks the target for)
+through ``features``, a model's own next-n block is run by the backend; the tree is the same.
 Each step:
 
 1. Catch up: the rows whose true states the last verify returned (the root's and the accepted
@@ -37,7 +40,7 @@ from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
 from backends.core.timing import median_seconds
-from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput,
+from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, LAYER_STATES, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput,
                                  Verdict)
 from backends.heads.eagle import EagleHead
 
@@ -118,7 +121,8 @@ class EagleDrafter(Drafter):
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.head = head
         self.settings = settings or EagleSettings()
-        self.requires = frozenset({HIDDEN_STATES, ROLLBACK, TREE})
+        self.state_layers = tuple(head.state_layers)  # the final state, or the layers an EAGLE-3 head fuses
+        self.requires = frozenset({HIDDEN_STATES, ROLLBACK, TREE} | ({LAYER_STATES} if self.state_layers else set()))
         self.prompt_states = self.settings.context_rows
         costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
         self.steps = TreeSteps(costs, max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, prior=0.8,
@@ -142,8 +146,9 @@ class EagleDrafter(Drafter):
         return lambda depth: depth * once / seconds_per_forward
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
-        if hidden is not None and hidden.ndim == 2 and len(hidden) and hidden.shape[1] != self.head.d:
-            raise SpecDeckError(f"the EAGLE head reads {self.head.d}-wide hidden states, the model gives {hidden.shape[1]}")
+        width = self.head.feature_width
+        if hidden is not None and hidden.ndim == 2 and len(hidden) and hidden.shape[1] != width:
+            raise SpecDeckError(f"the EAGLE head reads {width}-wide hidden states, the model gives {hidden.shape[1]}")
         self.cache.reset()
         self.steps.begin()
         # (position, the state its row predicted, that state's log-probabilities [V'])
@@ -161,7 +166,7 @@ class EagleDrafter(Drafter):
             return
         while self._pending:
             rows, self._pending = self._pending[:CATCH_UP_CHUNK], self._pending[CATCH_UP_CHUNK:]
-            feats = np.stack([r[0] for r in rows]).astype(np.float32)  # [n, d]
+            feats = self.head.features(np.stack([r[0] for r in rows]))  # [n, feature_width] -> [n, d]
             tokens = np.array([r[1] for r in rows], np.int64)
             positions = np.array([r[2] for r in rows], np.int64)
             out = self.head.forward(feats, tokens, positions, self.cache, np.tril(np.ones((len(rows),) * 2, bool)))

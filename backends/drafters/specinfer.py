@@ -23,7 +23,7 @@ import numpy as np
 
 from backends.core.costs import CostModel
 from backends.core.planner import plan_nodes
-from backends.core.protocols import Drafter, prompt_states_of
+from backends.core.protocols import Drafter, states_of
 from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.merge import merge, project, select
 from backends.models.datastore import DATASTORE_FILE
@@ -64,7 +64,7 @@ class SpecInferDrafter(Drafter):
         self.playing = playing
         self.drafters = list(drafters)
         self.requires = frozenset({TREE}).union(*(d.requires for d in self.drafters))
-        self.prompt_states = prompt_states_of(self.drafters)
+        self.prompt_states, self.state_layers = states_of(self.drafters)
         self.costs = costs or CostModel.from_relative([1.0] * 65)
         self._last: list[Proposal] = []
         self._maps: tuple[tuple[int, ...], ...] = ()

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from backends.core.errors import SpecDeckError
-from backends.core.types import HIDDEN_STATES
+from backends.core.types import HIDDEN_STATES, LAYER_STATES
 from backends.drafters import DRAFT_MODEL, HEAD_PREFIX, MethodSpec
 from backends.hardware.shape import ModelShape
 from backends.hardware.types import GpuInfo, HardwareReport
@@ -202,8 +202,12 @@ class Extra:
 def method_extra(spec: MethodSpec, n_ctx: int, *, draft: ModelShape | None = None, heads_bytes: int = 0,
                  datastore_bytes: int = 0, hidden_size: int = 0) -> Extra:
     """What a method adds to its target's memory: its own pool, a draft only if it needs one, and
-    for methods that read hidden states the states the target keeps (float16, one per position)."""
-    states = n_ctx * hidden_size * 2 if HIDDEN_STATES in spec.requires else 0
+    for methods that read hidden states the states the target keeps (float16, one per position;
+    ``FUSED_LAYERS`` layers side by side for methods that read layer inputs)."""
+    from backends.heads.eagle3 import FUSED_LAYERS
+
+    width = hidden_size * (FUSED_LAYERS if LAYER_STATES in spec.requires else 1)
+    states = n_ctx * width * 2 if HIDDEN_STATES in spec.requires else 0
     terms = (MemoryTerm(f"{spec.name} pool", spec.pool_bytes(n_ctx), CPU),
              MemoryTerm("REST datastore (memory-mapped)", datastore_bytes, CPU),
              MemoryTerm("hidden states kept for the head (float16)", states, CPU))

@@ -114,6 +114,14 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
+def draft_vocab(head: HeadFile, size: int) -> np.ndarray:
+    """The head's draft vocabulary ([V'] target token ids), checked against its target."""
+    vocab = np.asarray(head.tensors.get("vocab", np.zeros(0)), dtype=np.int64)
+    if vocab.shape != (size,) or (len(vocab) and (vocab.min() < 0 or vocab.max() >= head.target.n_vocab)):
+        raise ModelFileError(f"{head.path}: the draft vocabulary is not {size} ids of the target's vocabulary")
+    return vocab
+
+
 class EagleHead:
     """The layer of one ``HeadFile``, ready to run with the target's embeddings."""
 
@@ -129,16 +137,24 @@ class EagleHead:
         self.down_t = np.ascontiguousarray(w["down.weight"].T)
         self.attn_norm, self.ffn_norm = w["attn_norm"], w["ffn_norm"]
         self.lm_t = np.ascontiguousarray(w["lm.weight"].T)  # [d, V']
-        vocab = np.asarray(head.tensors.get("vocab", np.zeros(0)), dtype=np.int64)
-        if vocab.shape != (s.draft_vocab,) or (len(vocab) and (vocab.min() < 0 or vocab.max() >= head.target.n_vocab)):
-            raise ModelFileError(f"{head.path}: the draft vocabulary is not {s.draft_vocab} ids of the target's vocabulary")
-        self.vocab = vocab
+        self.vocab = draft_vocab(head, s.draft_vocab)
         self.embed = embed
         self.head = head
-        self.d = s.d
+        self.d = s.d  # the width of the states it predicts (and reads in draft rows)
+        self.feature_width = s.d  # the width of the target's states it reads
+        self.state_layers: tuple[int, ...] = ()  # which target states: the final one
 
     def new_cache(self) -> HeadCache:
         return HeadCache(self.shape.n_kv_head, self.shape.head_dim)
+
+    def features(self, states: np.ndarray) -> np.ndarray:
+        """The rows ``forward`` takes for the target's states [n, feature_width]: the states themselves."""
+        return np.asarray(states, np.float32)
+
+    def _inputs(self, feats: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the residual stream [n, d], the attention's input [n, d]) of rows (feature, token)."""
+        x = np.concatenate([self.embed(tokens), np.asarray(feats, np.float32)], axis=1) @ self.fc_t  # [n, d]
+        return x, rms_norm(x, self.attn_norm, self.shape.eps)
 
     def forward(self, feats: np.ndarray, tokens: np.ndarray, positions: np.ndarray, cache: HeadCache,
                 visible: np.ndarray) -> np.ndarray:
@@ -150,8 +166,8 @@ class EagleHead:
         """
         s = self.shape
         n = len(tokens)
-        x = np.concatenate([self.embed(tokens), np.asarray(feats, np.float32)], axis=1) @ self.fc_t  # [n, d]
-        qkv = rms_norm(x, self.attn_norm, s.eps) @ self.qkv_t
+        x, attn_in = self._inputs(feats, tokens)
+        qkv = attn_in @ self.qkv_t
         hq, hk = s.n_head * s.head_dim, s.n_kv_head * s.head_dim
         q = rope(qkv[:, :hq].reshape(n, s.n_head, s.head_dim), positions, s.rope_theta)
         k = rope(qkv[:, hq:hq + hk].reshape(n, s.n_kv_head, s.head_dim), positions, s.rope_theta)

@@ -97,30 +97,42 @@ def eagle_sequences(samples: Sequence[tuple[int, Sample]], vocab: np.ndarray, n_
                      np.array([n in test for n, _ in kept]), table)
 
 
-def eagle_module(torch, shape: EagleShape, lm_init: np.ndarray, train_lm: bool = False):
-    """The torch twin of ``backends.heads.eagle.EagleHead`` (same tensors, same arithmetic)."""
+def layer_base(torch, shape: EagleShape):
+    """The torch side of the EAGLE layer both head kinds share (``backends.heads.eagle``'s
+    arithmetic): attention over the rows before and the chain of draft levels. A subclass makes
+    the weights and says how a row's (token embedding, feature) enter (``inputs``)."""
     nn, F = torch.nn, torch.nn.functional
     d, hd, H, Hkv, ff = shape.d, shape.head_dim, shape.n_head, shape.n_kv_head, shape.d_ff
 
-    class Eagle(nn.Module):
-        """Starts as "the next state is this state" (``fc`` passes the state through, the
-        layer adds little), which is a fair first guess for a slowly changing stream."""
-
-        def __init__(self) -> None:
-            super().__init__()
+    class Layer(nn.Module):
+        def make_weights(self, attn_in: int, lm_init: np.ndarray, train_lm: bool) -> None:
             lin = lambda i, o: nn.Linear(i, o, bias=False)  # noqa: E731
-            self.fc, self.q, self.k, self.v, self.o = lin(2 * d, d), lin(d, H * hd), lin(d, Hkv * hd), lin(d, Hkv * hd), lin(H * hd, d)
+            self.q, self.k, self.v, self.o = lin(attn_in, H * hd), lin(attn_in, Hkv * hd), lin(attn_in, Hkv * hd), lin(H * hd, d)
             self.gate, self.up, self.down = lin(d, ff), lin(d, ff), lin(ff, d)
-            self.attn_norm, self.ffn_norm = nn.Parameter(torch.ones(d)), nn.Parameter(torch.ones(d))
+            self.ffn_norm = nn.Parameter(torch.ones(d))
             lm = torch.from_numpy(np.asarray(lm_init, np.float32))
             if train_lm:
                 self.lm = nn.Parameter(lm)
             else:
                 self.register_buffer("lm", lm)
+
+        def init_weights(self, fc) -> None:
+            """Small random matrices, ``fc`` first (the order fixes what a seed gives)."""
             with torch.no_grad():
-                for m in (self.fc, self.q, self.k, self.v, self.o, self.gate, self.up, self.down):
+                for m in (fc, self.q, self.k, self.v, self.o, self.gate, self.up, self.down):
                     m.weight.normal_(0.0, 0.02)
-                self.fc.weight[:, d:] += torch.eye(d)
+
+        def inputs(self, emb, feat):
+            """(the residual stream [B, n, d], the attention's input) of rows (token embedding, feature)."""
+            raise NotImplementedError
+
+        def features(self, states):
+            """The first level's features from the target's states (as they are, for EAGLE-1)."""
+            return states
+
+        def logits(self, pred):
+            """Draft-vocabulary logits of predicted states."""
+            return pred @ self.lm.T
 
         def _rms(self, x, w):
             return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + shape.eps) * w
@@ -135,8 +147,7 @@ def eagle_module(torch, shape: EagleShape, lm_init: np.ndarray, train_lm: bool =
 
         def project(self, emb, feat, pos):
             """Rows -> (x [B, n, d], q [B, n, Hkv, g, hd], k, v [B, n, Hkv, hd])."""
-            x = self.fc(torch.cat([emb, feat], dim=-1))
-            h = self._rms(x, self.attn_norm)
+            x, h = self.inputs(emb, feat)
             B, n = x.shape[:2]
             q = self._rope(self.q(h).view(B, n, H, hd), pos).view(B, n, Hkv, H // Hkv, hd)
             k = self._rope(self.k(h).view(B, n, Hkv, hd), pos)
@@ -177,6 +188,30 @@ def eagle_module(torch, shape: EagleShape, lm_init: np.ndarray, train_lm: bool =
                 preds.append(self.finish(x, attn.reshape(x.shape[0], L, H * hd)))
             return preds
 
+    return Layer
+
+
+def eagle_module(torch, shape: EagleShape, lm_init: np.ndarray, train_lm: bool = False):
+    """The torch twin of ``backends.heads.eagle.EagleHead`` (same tensors, same arithmetic)."""
+    d = shape.d
+
+    class Eagle(layer_base(torch, shape)):
+        """Starts as "the next state is this state" (``fc`` passes the state through, the
+        layer adds little), which is a fair first guess for a slowly changing stream."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(2 * d, d, bias=False)
+            self.attn_norm = torch.nn.Parameter(torch.ones(d))
+            self.make_weights(d, lm_init, train_lm)
+            self.init_weights(self.fc)
+            with torch.no_grad():
+                self.fc.weight[:, d:] += torch.eye(d)
+
+        def inputs(self, emb, feat):
+            x = self.fc(torch.cat([emb, feat], dim=-1))
+            return x, self._rms(x, self.attn_norm)
+
     return Eagle()
 
 
@@ -199,11 +234,12 @@ class EagleRecipe:
         self.rms = float(np.sqrt((valid * valid).mean())) if len(valid) else 1.0
 
     def _inputs(self, rows: np.ndarray):
+        """(token embeddings, first-level features, the next final states, positions) of sequences."""
         torch = self.torch
         d = self.data
         states = torch.from_numpy(d.states[rows].astype(np.float32))  # [B, L + 1, dim]
         emb = self.table[torch.from_numpy(d.tokens[rows])]  # [B, L, dim]
-        return emb, states[:, :-1], states[:, 1:], torch.from_numpy(d.positions[rows])
+        return emb, self.model.features(states[:, :-1]), states[:, 1:], torch.from_numpy(d.positions[rows])
 
     def loss(self, items: np.ndarray, step: int):
         torch, F, c = self.torch, self.torch.nn.functional, self.config
@@ -231,7 +267,7 @@ class EagleRecipe:
         alive = written >= 0
         out = []
         for level, pred in enumerate(preds):
-            guess = (pred @ self.model.lm.T).argmax(-1).numpy()
+            guess = self.model.logits(pred).argmax(-1).numpy()
             want = np.roll(written, -level, axis=1)  # depth level+1 at row t guesses x_{t+level+2}
             if level:
                 want[:, -level:] = -1

@@ -26,22 +26,24 @@ import numpy as np
 
 from backends.core.errors import ModelFileError
 from backends.core.protocols import Drafter
-from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, Budget, Proposal, TargetOutput, Verdict
+from backends.core.types import EMPTY_PROPOSAL, FINAL_STATE, HIDDEN_STATES, LAYER_STATES, Budget, Proposal, TargetOutput, Verdict
 
 
 @dataclass(frozen=True)
 class Sample:
     tokens: np.ndarray  # [T] int32: the prompt, then the answer
-    states: np.ndarray  # [T - 1, d] float16: the state after each token but the last
+    states: np.ndarray  # [T - 1, d] float16: the state after each token but the last (d: the states' width)
     n_prompt: int  # how many of the tokens are the prompt
 
 
 class Recorder(Drafter):
-    """A drafter that drafts nothing and records the target's hidden states."""
+    """A drafter that drafts nothing and records the target's hidden states (of ``layers``:
+    ``Drafter.state_layers``)."""
 
-    requires = frozenset({HIDDEN_STATES})
-
-    def __init__(self) -> None:
+    def __init__(self, layers: tuple[int, ...] = ()) -> None:
+        self.state_layers = tuple(layers)
+        inner = any(il != FINAL_STATE for il in self.state_layers)
+        self.requires = frozenset({HIDDEN_STATES} | ({LAYER_STATES} if inner else set()))
         self.rows: list[np.ndarray] = []
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:

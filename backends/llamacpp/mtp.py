@@ -76,7 +76,8 @@ class MTPHead:
         self.mem = lib.llama_get_memory(self.ctx)
         llama_cpp_ext.llama_set_embeddings_nextn(self.ctx, True, True)  # a state per output row
         self._batch = lib.llama_batch_ext_init(self.ctx)
-        self.d = int(lib.llama_model_n_embd_out(model.ptr))
+        self.d = self.feature_width = int(lib.llama_model_n_embd_out(model.ptr))  # reads the target's final state
+        self.state_layers: tuple[int, ...] = ()
         self.vocab = np.arange(model.n_vocab, dtype=np.int64)  # logits cover the whole vocabulary
         self._caches = 0
         self._last: tuple[np.ndarray, np.ndarray] | None = None  # the last forward's (states, logits)
@@ -91,6 +92,10 @@ class MTPHead:
     def __del__(self) -> None:
         if not sys.is_finalizing():
             self.close()
+
+    def features(self, states: np.ndarray) -> np.ndarray:
+        """The target's states are the block's input rows as they are."""
+        return np.asarray(states, np.float32)
 
     def new_cache(self) -> MTPCache:
         seq = self._caches % MAX_CACHES

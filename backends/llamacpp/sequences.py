@@ -9,7 +9,8 @@ own KV stream (``kv_unified`` off, so attention of one sequence never scans anot
 one ``llama_decode`` takes, per sequence, either the next chunk of its prompt or its last token.
 
 Every row is an output (embeddings on, pooling none), so each forward returns every row's final
-hidden state, which is what the recording keeps, and the logits of each sequence's last row.
+hidden state, which is what the recording keeps, and the logits of each sequence's last row;
+with ``layers`` the states are those layers' inputs side by side (``backends.llamacpp.states``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from backends.core.errors import BackendError
 from backends.llamacpp.model import LlamaModel
+from backends.llamacpp.states import StateReader, check_layers
 from backends.models.llama_lib import llama, recent_errors
 
 
@@ -30,15 +32,17 @@ class SequenceStep:
     """What one forward gave one sequence."""
 
     logits: np.ndarray  # [vocab] float32, after its last row (a copy)
-    hidden: np.ndarray  # [rows, d] float16, the states of the rows it fed
+    hidden: np.ndarray  # [rows, d] float16, the states of the rows it fed (d: the states' width)
 
 
 class LlamaSequences:
     """``n_seqs`` sequences of up to ``n_ctx_seq`` tokens each, in one context."""
 
     def __init__(self, model: LlamaModel, *, n_seqs: int, n_ctx_seq: int, n_threads: int,
-                 n_batch: int = 256) -> None:
+                 n_batch: int = 256, layers: tuple[int, ...] = ()) -> None:
         lib = llama()
+        check_layers(tuple(layers), n_layer=model.n_layer, architecture=model.meta("general.architecture") or "?",
+                     name=model.name)
         if n_seqs < 1 or n_ctx_seq < 16:
             raise ValueError(f"need at least one sequence of 16 tokens, got {n_seqs} of {n_ctx_seq}")
         self.ctx = model.new_context(
@@ -46,8 +50,10 @@ class LlamaSequences:
             n_seq_max=n_seqs, kv_unified=False,  # a stream per sequence: attention reads only its own cells
             n_threads=n_threads, n_threads_batch=n_threads, embeddings=True)
         self.mem = lib.llama_get_memory(self.ctx)
+        self._reader = StateReader(self.ctx, model.n_embd, tuple(layers))
+        self._reader.switch(True)
         self.n_seqs, self.n_ctx_seq, self.n_batch = n_seqs, n_ctx_seq, n_batch
-        self.n_vocab, self.d = model.n_vocab, model.n_embd
+        self.n_vocab, self.d = model.n_vocab, self._reader.width
         self.n_past = [0] * n_seqs
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
@@ -109,7 +115,7 @@ class LlamaSequences:
             raise BackendError(f"llama_decode of {len(feeds)} sequences failed with code {rc} "
                                f"{'; '.join(recent_errors)}".strip())
         lib = llama()
-        hidden = np.ctypeslib.as_array(lib.llama_get_embeddings(self.ctx), shape=(rows, self.d))  # [rows, d]
+        hidden = self._reader.read(rows)  # [rows, d]
         logits = np.ctypeslib.as_array(lib.llama_get_logits(self.ctx), shape=(rows, self.n_vocab))  # [rows, V]
         out, row = [], 0
         for seq, tokens in feeds:

@@ -47,10 +47,11 @@ import numpy as np
 
 from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import (HIDDEN_STATES, NATIVE_MTP, ROLLBACK, SEQUENCES, TREE, Proposal, TargetLimits, TargetOutput,
-                                 Verdict)
+from backends.core.types import (HIDDEN_STATES, LAYER_STATES, NATIVE_MTP, ROLLBACK, SEQUENCES, TREE, Proposal, TargetLimits,
+                                 TargetOutput, Verdict)
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.sequences import LlamaSequences
+from backends.llamacpp.states import LAYER_INPUT_GRAPHS, StateReader, check_layers
 from backends.models.llama_lib import llama, recent_errors
 
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
@@ -110,6 +111,8 @@ class LlamaTarget:
         self.offers = offers_for(recurrent=model.is_recurrent, hybrid=model.is_hybrid)
         if lib.llama_pooling_type(ctx) != POOLING_NONE:  # an embedding model: states would come pooled
             self.offers -= {HIDDEN_STATES, SEQUENCES}
+        if HIDDEN_STATES in self.offers and model.meta("general.architecture") in LAYER_INPUT_GRAPHS:
+            self.offers |= {LAYER_STATES}
         if model.has_mtp and HIDDEN_STATES in self.offers:
             self.offers |= {NATIVE_MTP}
         self._native_head = None  # the model's MTP block, in a context of its own once a drafter asks
@@ -124,7 +127,8 @@ class LlamaTarget:
         self._batch = lib.llama_batch_init(self._capacity, 0, max_tree_paths)
         self._tokens: list[int] = []  # what the KV cache holds, position by position
         self._pending: tuple[int, list[int], tuple[tuple[int, ...], ...] | None] | None = None
-        self.hidden_size: int = model.n_embd
+        self._reader = StateReader(ctx, model.n_embd)  # which states the forwards hand out
+        self.hidden_size: int = self._reader.width
         self._keep_hidden = False  # the last prefill asked for hidden states: every forward returns them
         self._embeddings = False  # what llama_set_embeddings was last told
         self._states: np.ndarray | None = None  # [n_ctx, hidden_size] float16, the cached positions' states
@@ -173,10 +177,10 @@ class LlamaTarget:
         self._nseq[:] = 1
         self._tree_rows = 0  # rows whose sequence ids a tree batch changed
 
-    def sequences(self, n_seqs: int, n_ctx_seq: int) -> LlamaSequences:
+    def sequences(self, n_seqs: int, n_ctx_seq: int, layers: tuple[int, ...] = ()) -> LlamaSequences:
         """``n_seqs`` independent sequences over this target's model, in a context of their own
         (``SEQUENCES``; recording training data answers several prompts at once with it)."""
-        return LlamaSequences(self.model, n_seqs=n_seqs, n_ctx_seq=n_ctx_seq, n_threads=self.n_threads)
+        return LlamaSequences(self.model, n_seqs=n_seqs, n_ctx_seq=n_ctx_seq, n_threads=self.n_threads, layers=layers)
 
     # -- KV cache ------------------------------------------------------------------------------
     @property
@@ -228,7 +232,7 @@ class LlamaTarget:
         return 0 <= lib.llama_memory_seq_pos_min(self.mem, 0) <= need
 
     def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
-                hidden: bool = False, hidden_from: int = 0) -> int:
+                hidden: bool = False, hidden_from: int = 0, layers: tuple[int, ...] = ()) -> int:
         """Bring the cache to exactly ``tokens``, reusing the common prefix; returns reused count.
 
         A prefix the cache cannot be cut back to (a sliding window that moved past it, a recurrent
@@ -236,12 +240,15 @@ class LlamaTarget:
         ``n_batch`` tokens; a yes raises ``Cancelled`` with the chunks so far kept. ``hidden``:
         keep the hidden state of every position from ``hidden_from`` on (``hidden_states``), and
         return the states of every later forward, until a prefill without it; the positions
-        before it are computed the fast way, without embeddings."""
+        before it are computed the fast way, without embeddings. ``layers``: which states
+        (``backends.llamacpp.states``); other layers than the kept states' start them afresh."""
         tokens = list(tokens)
         if len(tokens) > self.n_ctx:
             raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
         if hidden and HIDDEN_STATES not in self.offers:
             raise BackendError(f"{self.model.name} does not give hidden states (a recurrent model)")
+        if hidden:
+            self._choose_layers(tuple(layers))
         self._keep_hidden = hidden
         if hidden and self._states is None:
             self._states = np.empty((self.n_ctx, self.hidden_size), dtype=np.float16)  # pages fill as used
@@ -284,17 +291,30 @@ class LlamaTarget:
                                f"(positions {self._states_from}..{self._n_states - 1} have one)")
         return self._states[start:end].astype(np.float32)
 
+    def _choose_layers(self, layers: tuple[int, ...]) -> None:
+        """Hand out the states of ``layers`` from now on; the kept states of others are dropped."""
+        if layers == self._reader.layers:
+            return
+        check_layers(layers, n_layer=self.model.n_layer, architecture=self.model.meta("general.architecture") or "?",
+                     name=self.model.name)
+        self._reader.switch(False)
+        self._use_embeddings(False)
+        self._reader = StateReader(self.ctx, self.model.n_embd, layers)
+        self.hidden_size = self._reader.width
+        self._states, self._states_from, self._n_states = None, 0, 0
+
     def _use_embeddings(self, on: bool) -> None:
+        """States on or off for the next forwards: embeddings (every row an output) for the final
+        state, the layer inputs for the rest."""
         if on != self._embeddings:
-            llama().llama_set_embeddings(self.ctx, on)
+            if self._reader.final:
+                llama().llama_set_embeddings(self.ctx, on)
+            self._reader.switch(on)
             self._embeddings = on
 
     def _read_hidden(self, n: int) -> np.ndarray:
         """The [n, hidden_size] states of the last forward's rows (all rows are outputs then)."""
-        ptr = llama().llama_get_embeddings(self.ctx)
-        if not ptr:
-            raise BackendError("llama.cpp returned no hidden states for this forward")
-        return np.ctypeslib.as_array(ptr, shape=(n, self.hidden_size))
+        return self._reader.read(n)
 
     def _store_states(self, position: int, rows: np.ndarray) -> None:
         """Keep states for positions from ``position`` on, if they continue the kept ones."""
@@ -317,7 +337,8 @@ class LlamaTarget:
                 size = min(size, hidden_from - self.n_past)  # the fast way up to the first kept state
             chunk = tokens[start : start + size]
             self._use_embeddings(keep)
-            self._fill_chain(chunk, self.n_past, want_logits=keep)  # embeddings: every row an output
+            # the final state comes for output rows only: every row one then (layer inputs come for all rows)
+            self._fill_chain(chunk, self.n_past, want_logits=keep and self._reader.final)
             row = len(chunk) - 1
             if last_logits and start + len(chunk) == len(tokens):
                 self._out[row] = 1
