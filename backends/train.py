@@ -364,16 +364,20 @@ def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[
     return trainer, int(data.valid.sum()), held
 
 
-def record_layers(kind: str, n_layer: int) -> tuple[int, ...]:
-    """The target states a kind of head trains on (``Target.prefill``'s ``layers``): the final
-    state, or for EAGLE-3 its three layers' inputs and the final state (for the target's
-    distribution)."""
-    if kind == "eagle3":
-        from backends.core.types import FINAL_STATE
-        from backends.heads.eagle3 import default_layers
+def _eagle3_layers(n_layer: int) -> tuple[int, ...]:
+    """An EAGLE-3 head's three layers, and the final state (what says the target's distribution)."""
+    from backends.core.types import FINAL_STATE
+    from backends.heads.eagle3 import default_layers
 
-        return (*default_layers(n_layer), FINAL_STATE)
-    return ()
+    return (*default_layers(n_layer), FINAL_STATE)
+
+
+RECORDED_LAYERS = {"eagle3": _eagle3_layers}  # head kind -> the states it trains on, by layer count (else the final one)
+
+
+def record_layers(kind: str, n_layer: int) -> tuple[int, ...]:
+    """The target states a kind of head trains on (``Target.prefill``'s ``layers``; empty: the final state)."""
+    return RECORDED_LAYERS[kind](n_layer) if kind in RECORDED_LAYERS else ()
 
 
 TRAINERS = {"medusa": _medusa, "eagle": _eagle, "eagle3": _eagle3}  # head kind -> its trainer over recorded samples

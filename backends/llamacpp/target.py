@@ -26,9 +26,9 @@ Logits. ``verify`` hands out llama.cpp's own logits buffer, read-only, instead o
 Hidden states (``HIDDEN_STATES``, for trained draft heads). A prefill asked for them turns on
 llama.cpp's per-token embeddings (``llama_set_embeddings``, pooling none): each forward then also
 returns the final hidden state after the output norm (the vector the output layer multiplies),
-for every row. That is the one state every architecture's graph produces; the per-layer inputs
-(``llama_get_embeddings_layer_inp``) exist only in some architectures' graphs and abort the
-process in the others. The context keeps the states of the cached positions (float16, a few MB;
+for every row. That is the one state every architecture's graph produces; a drafter may ask for
+the inputs of chosen layers instead or beside it (``layers``, ``LAYER_STATES``: only where the
+architecture's graph records them, see ``backends.llamacpp.states``). The context keeps the states of the cached positions (float16, a few MB;
 the pages of positions never reached stay unallocated), so a prompt that reuses the cached prefix
 of the previous turn still hands its drafter every state. Embeddings make every row an output, so
 a prefill with them also computes logits for every row (the output layer: about a quarter of a
