@@ -127,12 +127,6 @@ class Eagle3Recipe(EagleRecipe):
             weights += c.decay ** level
         return total / weights
 
-    def export(self, state: dict) -> tuple[dict, dict[str, np.ndarray]]:
-        names = {"lm": "lm.weight"}
-        tensors = {names.get(k, k): v.detach().numpy().astype(np.float16) for k, v in state.items()}
-        tensors["vocab"] = self.vocab.astype(np.int64)
-        return self.shape.config(), tensors
-
 
 class Eagle3Trainer(HeadTrainer):
     def __init__(self, data: Sequences, vocab: np.ndarray, lm_init: np.ndarray, shape: Eagle3Shape,
