@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     sans.add_argument("--out", type=Path, required=True)
     train = sub.add_parser("train", help="train a draft head for a model, on this PC, from its own answers")
     from backends.heads.files import HEAD_KINDS
+    from backends.train import FOLLOW_UP_TURNS
 
     train.add_argument("kind", choices=HEAD_KINDS)
     train.add_argument("--model", default=DEFAULT_MODEL, help="known model id or path to a .gguf file")
@@ -159,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--prompts", type=int, default=None, help="record at most this many conversations")
     train.add_argument("--steps", type=int, default=None, help="training steps (default: what the time allows)")
     train.add_argument("--max-new-tokens", type=int, default=256, help="longest recorded answer")
+    train.add_argument("--follow-ups", type=int, default=FOLLOW_UP_TURNS,
+                       help="turns asked after each conversation's own, as a chat goes on (more to learn from "
+                            f"few prompts; default {FOLLOW_UP_TURNS})")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--threads", type=int, default=None)
     train.add_argument("--out", type=Path, default=None, help="where to write the head (default: the user's heads)")
@@ -360,7 +364,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     train(TrainRequest(kind=args.kind, model=args.model, data=args.data, minutes=args.minutes, prompts=args.prompts,
                        steps=args.steps, max_new_tokens=args.max_new_tokens, seed=args.seed, out=args.out,
-                       n_threads=args.threads),
+                       n_threads=args.threads, follow_ups=args.follow_ups),
           report=json_report() if args.progress == "json" else text_report())
     return 0
 

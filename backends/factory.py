@@ -27,7 +27,7 @@ from backends.core.engine import generate
 from backends.core.errors import IncompatibleDraftError, SpecDeckError
 from backends.core.noise import BatchNoise, measure_batch_noise
 from backends.core.protocols import Drafter
-from backends.core.types import HIDDEN_STATES, NATIVE_MTP, ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
+from backends.core.types import HIDDEN_STATES, NATIVE_EAGLE3, NATIVE_MTP, ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
 from backends.drafters import DRAFT_MODEL, DrafterResources, describe, head_requirement, method_spec
 from backends.heads.files import HEAD_KINDS, HeadFile, ModelFingerprint, find_heads
 from backends.models.weights import TokenEmbeddings
@@ -187,6 +187,15 @@ class Session:
             self._heads[key] = head
         return self._heads[key]
 
+    def engine_head(self, head: HeadFile | str):
+        """An EAGLE-3 head run by the target's engine (``NATIVE_EAGLE3``): a trained ``HeadFile``
+        (exported to a GGUF once) or the path of an ``eagle3`` GGUF someone published."""
+        if isinstance(head, HeadFile):
+            from backends.heads.eagle3_gguf import exported_gguf
+
+            head = str(exported_gguf(head, self._path))
+        return self.target.engine_head(str(Path(head).expanduser()))
+
     def cost_model(self) -> CostModel:
         """The target's verify cost model: measured once per model file, thread count and build."""
         if self._costs is None:
@@ -290,6 +299,7 @@ class Session:
             offers=self.offers,
             embeddings=lambda: self.embeddings,
             native_head=self.target.native_head if NATIVE_MTP in self.target.offers else None,
+            engine_head=self.engine_head if NATIVE_EAGLE3 in self.target.offers else None,
         )
         drafter = spec.build(chosen, resources)
         missing = drafter.requires - self.target.offers

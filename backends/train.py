@@ -46,6 +46,20 @@ EVALUATED_PER_CATEGORY = 20  # never train on what `specdeck bench --per-categor
 MAX_SEQUENCES = 16  # conversations answered at once at most while recording
 SEQUENCE_CONTEXT = 4096  # tokens each of them may hold (a turn that would need more ends its conversation)
 RECORD_KV_SHARE = 0.125  # of the memory available, what their KV caches may take
+FOLLOW_UP_TURNS = 3  # follow-up turns per conversation by default (see ``with_follow_ups``)
+FOLLOW_UPS = (  # what a user asks next, whatever the first question was (``with_follow_ups``)
+    "Can you explain that in more detail?",
+    "Give me a concrete example.",
+    "Summarize your answer in three sentences.",
+    "What are common mistakes people make here?",
+    "Explain it as if I were ten years old.",
+    "What would an expert add to your answer?",
+    "Rewrite your answer as a numbered list.",
+    "What are the pros and cons?",
+    "Are there exceptions or special cases?",
+    "How would you explain this to a colleague in one paragraph?",
+    "What should I read or learn next about this?",
+)
 
 
 @dataclass(frozen=True)
@@ -56,11 +70,29 @@ class TrainRequest:
     minutes: float = 30.0
     record_share: float = 0.5
     max_new_tokens: int = 256
+    follow_ups: int = FOLLOW_UP_TURNS  # turns asked after each conversation's own (``with_follow_ups``)
     prompts: int | None = None  # at most this many prompts (None: as many as the time allows)
     steps: int | None = None  # training steps (None: as many as the time allows)
     seed: int = 0
     out: Path | None = None
     n_threads: int | None = None
+
+
+def with_follow_ups(turns: dict[int, list[str]], n: int) -> dict[int, list[str]]:
+    """Each conversation with ``n`` follow-up turns after its own (``FOLLOW_UPS``, a different
+    run of them per conversation, fixed by its key).
+
+    Why: a head learns from positions, and a PC has few prompts (Spec-Bench leaves 360 that no
+    bench evaluates). Asking on, as a chat goes, gives the model's own answers in longer contexts
+    of its own text, which is also where a chat spends its tokens."""
+    if n <= 0:
+        return turns
+    out = {}
+    for key, own in turns.items():
+        start = (key * 7) % len(FOLLOW_UPS)
+        extra = [FOLLOW_UPS[(start + i) % len(FOLLOW_UPS)] for i in range(min(n, len(FOLLOW_UPS)))]
+        out[key] = (own + extra)[:TURNS]
+    return out
 
 
 def conversations(data: str) -> dict[int, list[str]]:
@@ -118,8 +150,10 @@ def saved_chats(path: Path) -> dict[int, list[str]]:
     return out
 
 
-def data_folder(fingerprint: ModelFingerprint, data: str, max_new_tokens: int, layers: tuple[int, ...] = ()) -> Path:
+def data_folder(fingerprint: ModelFingerprint, data: str, max_new_tokens: int, layers: tuple[int, ...] = (),
+                follow_ups: int = 0) -> Path:
     tag = data if data in ("spec-bench", "chats") else Path(data).stem
+    tag += f"-follow{follow_ups}" if follow_ups else ""
     which = "-layers" + "_".join(map(str, layers)) if layers else ""  # recordings of other states apart
     return cache_dir() / "train" / f"{fingerprint.vocab_digest}-{fingerprint.file_type}" / f"{tag}-{max_new_tokens}{which}"
 
@@ -396,13 +430,15 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
 
     torch_or_error()  # before an hour of recording, not after
     started = time.time()
-    turns = conversations(req.data)
+    turns = with_follow_ups(conversations(req.data), req.follow_ups)
     with Session(SessionConfig(model=req.model, n_threads=req.n_threads)) as session:
         path = Path(session.model.path)
         fingerprint = ModelFingerprint.of(path)
         layers = record_layers(req.kind, session.model.n_layer)
-        folder = data_folder(fingerprint, req.data, req.max_new_tokens, layers)
+        folder = data_folder(fingerprint, req.data, req.max_new_tokens, layers, req.follow_ups)
         source = {"model": fingerprint.describe(), "data": req.data, "max_new_tokens": req.max_new_tokens}
+        if req.follow_ups:
+            source["follow_ups"] = req.follow_ups
         store = SampleStore(folder, dict(source, layers=list(layers)) if layers else source)
         done = record(session, turns, store, max_new_tokens=req.max_new_tokens, layers=layers,
                       deadline=started + req.minutes * 60 * req.record_share, limit=req.prompts, report=report)
@@ -441,6 +477,8 @@ def command_line(req: TrainRequest) -> str:
             words.append(f"{flag} {value}")
     if req.max_new_tokens != TrainRequest.max_new_tokens:
         words.append(f"--max-new-tokens {req.max_new_tokens}")
+    if req.follow_ups != TrainRequest.follow_ups:
+        words.append(f"--follow-ups {req.follow_ups}")
     return " ".join(words)
 
 

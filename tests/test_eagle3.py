@@ -24,6 +24,7 @@ from backends.heads.files import HeadFile, HeadMismatchError, ModelFingerprint
 from tests.oracle import OracleTarget
 from tests.test_engine import COSTS, plain_greedy
 from tests.test_heads import oracle_prompt
+from tests.test_real_models import answer, same_or_near_tie
 
 VOCAB, WIDE = 32, 24
 LAYERS = (0, 2)
@@ -268,10 +269,64 @@ def test_train_cli_records_layers_and_writes_an_eagle3_head_that_drafts_lossless
     extra = method_extra(method_spec("eagle3"), 4096, hidden_size=576)
     assert [t.bytes for t in extra.terms if "hidden states" in t.name] == [4096 * 3 * 576 * 2]
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=1024, heads=(str(config),))) as session:
-        gen = GenerationSettings(max_new_tokens=40)
         prompt = session.model.chat_prompt([{"role": "user", "content": "Name three colours."}])
-        plain = list(session.generate("ar", prompt, gen))[-1]
-        ours = list(session.generate("eagle3", prompt, gen, method_settings={"top_k": 2, "adaptive": False}))[-1]
-        assert ours.stats.drafted > 0 and list(ours.tokens) == list(plain.tokens)
+        plain = answer(session, "ar", prompt)
+        # numpy's head, and the same head exported to llama.cpp's eagle3 architecture and run by llama.cpp
+        for method in ("eagle3", "eagle3-native"):
+            ours = answer(session, method, prompt, {"top_k": 2, "adaptive": False})
+            assert ours.stats.drafted > 0
+            same_or_near_tie(session, method, prompt, ours, plain)
     with pytest.raises(HeadMismatchError):
         head.check_for(ModelFingerprint("other", "gemma3", "Q4_K", 1, 640, 262144, "f" * 16), "eagle3")
+
+
+def smollm_shaped_head(model_path, seed: int = 0, draft_vocab: int = 512, target_d: int = 576) -> HeadFile:
+    """A random EAGLE-3 head for SmolLM2 (its width, heads and three layers), scaled like a trained one."""
+    fp = ModelFingerprint.of(model_path)
+    shape = Eagle3Shape(d=576, n_head=9, n_kv_head=3, head_dim=64, d_ff=1536, draft_vocab=draft_vocab,
+                        layers=(2, 15, 27), target_d=target_d)
+    rng = np.random.default_rng(seed)
+    tensors = {name: ((1 + 0.1 * rng.normal(size=shape_)) if len(shape_) == 1
+                      else rng.normal(size=shape_) / np.sqrt(shape_[1])).astype(np.float16)
+               for name, shape_ in shape.tensor_shapes().items()}
+    tensors["vocab"] = np.sort(rng.choice(fp.n_vocab, draft_vocab, replace=False)).astype(np.int64)
+    return HeadFile(KIND, shape.config(), fp, tensors, {})
+
+
+def test_llama_cpp_runs_an_exported_head_as_numpy_does(smollm_q4_path, tmp_path):
+    """Exported to llama.cpp's eagle3 architecture (RoPE rows permuted, d2t) and run by llama.cpp
+    beside the target, a head gives numpy's features, states and log-probabilities along a chain,
+    to float16 rounding; a GGUF made for another width is refused with the reason."""
+    from backends.heads.eagle3_gguf import export_eagle3_gguf
+    from backends.llamacpp.model import LlamaModel
+    from backends.llamacpp.target import LlamaTarget
+    from backends.models.weights import TokenEmbeddings
+
+    head = smollm_shaped_head(smollm_q4_path)
+    path = export_eagle3_gguf(head, smollm_q4_path, tmp_path / "head.gguf")
+    ours = Eagle3Head(head, TokenEmbeddings(smollm_q4_path))
+    rng = np.random.default_rng(1)
+    states = (rng.normal(size=(7, 3 * 576)) * 3).astype(np.float32)
+    tokens = rng.integers(0, 49152, size=8)
+    with LlamaModel(smollm_q4_path) as model:
+        target = LlamaTarget(model, n_ctx=256)
+        theirs = target.engine_head(str(path))
+        assert theirs.state_layers == (2, 15, 27) and np.array_equal(theirs.vocab, ours.vocab)
+        feats = ours.features(states)
+        np.testing.assert_allclose(theirs.features(states), feats, atol=0.02 * np.abs(feats).max())
+        mine_cache, their_cache = ours.new_cache(), theirs.new_cache()
+        chain = np.tril(np.ones((7, 7), bool))
+        a = ours.forward(feats, tokens[:7], np.arange(7), mine_cache, chain)
+        b = theirs.forward(feats, tokens[:7], np.arange(7), their_cache, chain)
+        np.testing.assert_allclose(b, a, atol=0.01 * np.abs(a).max())
+        assert (theirs.log_probs(b).argmax(-1) == ours.log_probs(a).argmax(-1)).all()
+        mine_cache.commit(), their_cache.commit()
+        a2 = ours.forward(a[-1:], tokens[7:], np.array([7]), mine_cache, np.ones((1, 1), bool))  # a draft row
+        b2 = theirs.forward(b[-1:], tokens[7:], np.array([7]), their_cache, np.ones((1, 1), bool))
+        np.testing.assert_allclose(b2, a2, atol=0.01 * np.abs(a2).max())
+        with pytest.raises(BackendError, match="chains"):
+            theirs.forward(feats[:2], tokens[:2], np.array([8, 8]), their_cache, np.ones((2, 2), bool))
+        wide = export_eagle3_gguf(smollm_shaped_head(smollm_q4_path, target_d=640), smollm_q4_path, tmp_path / "w.gguf")
+        with pytest.raises(HeadMismatchError, match="width 640 vs 576"):
+            target.engine_head(str(wide))
+        target.close()

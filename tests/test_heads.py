@@ -361,6 +361,23 @@ def test_saved_chats_give_their_user_turns_by_conversation(tmp_path, monkeypatch
     assert conversations("chats") == {second: ["Name a fruit."], third: ["Count to three."]}
 
 
+def test_follow_ups_extend_each_conversation_and_are_recorded_apart():
+    """Follow-up turns come after a conversation's own, a different run of them per conversation,
+    the same every time; a recording with them lives apart from one without."""
+    from backends.heads.files import ModelFingerprint
+    from backends.train import FOLLOW_UPS, TURNS, data_folder, with_follow_ups
+
+    own = {0: ["Name a fruit."], 1: ["Hi", "And you?"], 2: ["x"] * (TURNS - 1)}
+    turns = with_follow_ups(own, 3)
+    assert turns[0][:1] == own[0] and len(turns[0]) == 4 and set(turns[0][1:]) <= set(FOLLOW_UPS)
+    assert turns[1][:2] == own[1] and len(turns[1]) == 5
+    assert turns[0][1:] != turns[1][2:]  # not every conversation asks the same follow-ups
+    assert len(turns[2]) == TURNS  # never more turns than a sample number holds
+    assert with_follow_ups(own, 3) == turns and with_follow_ups(own, 0) == own
+    fp = ModelFingerprint("m", "llama", "F16", 2, 8, 16, "0" * 16)
+    assert data_folder(fp, "spec-bench", 256, (), 3) != data_folder(fp, "spec-bench", 256, (), 0)
+
+
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_both_bundled_files_find_their_own_shipped_head_first(kind, smollm_q4_path, smollm_f16_path, monkeypatch, tmp_path):
     """Heads ship for the bundled Q4_1 file and its F16 derivative; each finds its own weight

@@ -11,6 +11,10 @@ class ModelFileError(SpecDeckError):
     """A model file is missing, not a GGUF, truncated or otherwise unusable."""
 
 
+class HeadMismatchError(SpecDeckError):
+    """A trained head made for another model than the one loaded."""
+
+
 class IncompatibleDraftError(SpecDeckError):
     """A draft model cannot draft for this target (different vocabulary, special tokens ...)."""
 

@@ -58,6 +58,11 @@ class Target(Protocol):
         ``features``, ``forward`` and ``log_probs`` as a numpy ``backends.heads.eagle.EagleHead``
         has, which the EAGLE drafter drafts with."""
 
+    def engine_head(self, path: str) -> Any:
+        """An EAGLE-3 head from the GGUF at ``path`` (llama.cpp's ``eagle3`` architecture),
+        evaluated by the backend's engine beside the model (``NATIVE_EAGLE3`` targets only), with
+        the interface ``native_head`` gives; refused, with the reason, for a head of another model."""
+
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
         """One forward over the root (at position ``n_past``) and every proposal node."""
 

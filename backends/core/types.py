@@ -31,6 +31,9 @@ SEQUENCES = "sequences"
 # The model has a next-n (multi-token prediction) block of its own that the target can run as a
 # draft head (``target.native_head()``), as DeepSeek-V3, GLM-4.5 and MiMo files do.
 NATIVE_MTP = "native_mtp"
+# The target's engine runs an EAGLE-3 head itself (``target.engine_head(path)``: llama.cpp's
+# ``eagle3`` architecture, from a GGUF), with its kernels and on its GPU, beside the model.
+NATIVE_EAGLE3 = "native_eagle3"
 
 NO_LIMIT = 1 << 30  # a limit a target does not have
 

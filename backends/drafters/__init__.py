@@ -22,7 +22,7 @@ from backends.core.costs import CostModel
 from backends.core.planner import could_pay
 from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
-from backends.core.types import HIDDEN_STATES, LAYER_STATES, NATIVE_MTP, ROLLBACK, TREE, SamplingSettings
+from backends.core.types import HIDDEN_STATES, LAYER_STATES, NATIVE_EAGLE3, NATIVE_MTP, ROLLBACK, TREE, SamplingSettings
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
@@ -56,6 +56,8 @@ REQUIREMENT_TEXT = {
                   "gpt-oss and some others; not this one)",
     NATIVE_MTP: "a model file with a next-n (MTP) block of its own, as DeepSeek-V3, GLM-4.5 or MiMo have "
                 "(this model has none)",
+    NATIVE_EAGLE3: "a backend that runs EAGLE-3 heads in its own engine (llama.cpp, for a model whose graph "
+                   "hands out the inputs of its layers)",
     ROLLBACK: "a model whose cache can forget rejected guesses (recurrent and hybrid models such as Mamba, "
               "RWKV, LFM2, Granite-H and Qwen3-Next cannot)",
 }
@@ -98,6 +100,9 @@ class DrafterResources:
     # The model's own draft head, run by the backend (``NATIVE_MTP``: its next-n block); the same
     # interface as a numpy ``EagleHead``.
     native_head: Callable[[], Any] | None = None
+    # An EAGLE-3 head (a ``HeadFile``, or the path of an ``eagle3`` GGUF) run by the backend's own
+    # engine (``NATIVE_EAGLE3``), with the same interface.
+    engine_head: Callable[[HeadFile | str], Any] | None = None
 
 
 TASKS = ("chat", "summarize", "code", "rag")  # the kinds of work the recommender ranks methods for
@@ -318,7 +323,10 @@ def could_pay_here(name: str, res: DrafterResources) -> bool:
 
 
 @dataclass(frozen=True)
-class MTPSettings:
+class ChainHeadSettings:
+    """A head the backend runs (llama.cpp keeps one chain per sequence): the EAGLE-2 drafter
+    expands one node per depth, each offering ``top_k`` children."""
+
     top_k: int = 4  # children each drafted node offers (siblings are verified too)
     depth: int = 4  # deepest draft level: every level is one forward of the MTP block
     max_nodes: int = 16  # most tree nodes verified in one step
@@ -327,20 +335,43 @@ class MTPSettings:
     adaptive: bool = True  # False: always verify max_nodes nodes, run the block every step
 
     def eagle(self) -> EagleSettings:
-        """The EAGLE-2 drafter's settings for it: one node expanded per depth, since llama.cpp's
-        MTP context keeps one chain per sequence (``backends.llamacpp.mtp``)."""
+        """The EAGLE-2 drafter's settings for it: one node expanded per depth."""
         return EagleSettings(top_k=self.top_k, expand=1, depth=self.depth, max_nodes=self.max_nodes,
                              context_rows=self.context_rows, min_chance=self.min_chance, adaptive=self.adaptive)
+
+
+MTPSettings = ChainHeadSettings  # the model's own next-n block
+
+
+@dataclass(frozen=True)
+class EngineEagle3Settings(ChainHeadSettings):
+    # a head from `specdeck train eagle3` (.json) or an EAGLE-3 GGUF of llama.cpp's eagle3
+    # architecture published for the model (.gguf); empty: the EAGLE-3 head found for the model
+    head: str = ""
+
+
+def _chain_drafter(key: str, head: Any, settings: ChainHeadSettings, res: DrafterResources) -> Drafter:
+    """The EAGLE-2 drafter over a head the backend runs; what it learned is kept under ``key``."""
+    gate = res.memory.setdefault((key, settings, "gate"), gate_bandit())  # what running the head paid, kept
+    drafter = EagleDrafter(head, settings.eagle(), costs=res.costs(), sizer=res.memory.get((key, settings)), gate=gate)
+    res.memory[(key, settings)] = drafter.sizer  # calibration carries over to the next answer
+    return drafter
 
 
 def _build_mtp(settings: MTPSettings, res: DrafterResources) -> Drafter:
     if res.native_head is None:
         raise SpecDeckError(f"mtp needs {REQUIREMENT_TEXT[NATIVE_MTP]}")
-    gate = res.memory.setdefault(("mtp", settings, "gate"), gate_bandit())  # what running the block paid, kept
-    drafter = EagleDrafter(res.native_head(), settings.eagle(), costs=res.costs(), sizer=res.memory.get(("mtp", settings)),
-                           gate=gate)
-    res.memory[("mtp", settings)] = drafter.sizer  # calibration carries over to the next answer
-    return drafter
+    return _chain_drafter("mtp", res.native_head(), settings, res)
+
+
+def _build_engine_eagle3(settings: EngineEagle3Settings, res: DrafterResources) -> Drafter:
+    if res.engine_head is None:
+        raise SpecDeckError(f"eagle3-native needs {REQUIREMENT_TEXT[NATIVE_EAGLE3]}")
+    published = settings.head.endswith(".gguf")
+    if not published and res.head is None:
+        raise SpecDeckError("eagle3-native needs a target that gives hidden states, and a trained EAGLE-3 head")
+    head = res.engine_head(settings.head if published else res.head("eagle3", settings.head))
+    return _chain_drafter("eagle3-native", head, settings, res)
 
 
 HEAD_ARMS = ("eagle2", "medusa")  # auto's arms that need a trained head, best first
@@ -468,6 +499,19 @@ REGISTRY: dict[str, MethodSpec] = {
             EagleSettings,
             _eagle_builder("eagle3", Eagle3Head),
             requires=frozenset({HIDDEN_STATES, LAYER_STATES, TREE, ROLLBACK, head_requirement("eagle3")}),
+            prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.3, "code": 0.3, "rag": 0.3}),
+            prior_draft=3,
+        ),
+        MethodSpec(
+            "eagle3-native",
+            "the same EAGLE-3 head run by the backend's own engine (llama.cpp's eagle3 architecture: its "
+            "kernels, and the GPU where the model is), drafting a chain with the likeliest siblings; also "
+            "runs EAGLE-3 GGUFs published for the model",
+            EngineEagle3Settings,
+            _build_engine_eagle3,
+            requires=frozenset({LAYER_STATES, TREE, ROLLBACK, NATIVE_EAGLE3, head_requirement("eagle3")}),
+            requires_for=lambda s: frozenset({LAYER_STATES, TREE, ROLLBACK, NATIVE_EAGLE3}
+                                             | (set() if s.head.endswith(".gguf") else {head_requirement("eagle3")})),
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.3, "code": 0.3, "rag": 0.3}),
             prior_draft=3,
         ),

@@ -21,17 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from backends.core.errors import ModelFileError, SpecDeckError
+from backends.core.errors import HeadMismatchError, ModelFileError
 from backends.models.gguf_info import read_gguf_info
 from backends.models.paths import data_dir, write_atomic
 
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "heads"
 FORMAT = 1  # the JSON config's version
 HEAD_KINDS = ("medusa", "eagle", "eagle3")  # the kinds of trained heads sessions look for
-
-
-class HeadMismatchError(SpecDeckError):
-    """A head made for another model than the one loaded."""
 
 
 @dataclass(frozen=True)

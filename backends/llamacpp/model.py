@@ -51,6 +51,7 @@ class LlamaModel:
         """``progress(fraction)`` is called while the weights load; returning False cancels the load.
         ``vocab_only`` loads just the tokenizer (for tokenizing, e.g. building a datastore)."""
         self.path = check_gguf_file(path)
+        self.n_gpu_layers = n_gpu_layers
         lib = llama()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers

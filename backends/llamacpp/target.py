@@ -47,7 +47,7 @@ import numpy as np
 
 from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import (HIDDEN_STATES, LAYER_STATES, NATIVE_MTP, ROLLBACK, SEQUENCES, TREE, Proposal, TargetLimits,
+from backends.core.types import (HIDDEN_STATES, LAYER_STATES, NATIVE_EAGLE3, NATIVE_MTP, ROLLBACK, SEQUENCES, TREE, Proposal, TargetLimits,
                                  TargetOutput, Verdict)
 from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.sequences import LlamaSequences
@@ -112,10 +112,11 @@ class LlamaTarget:
         if lib.llama_pooling_type(ctx) != POOLING_NONE:  # an embedding model: states would come pooled
             self.offers -= {HIDDEN_STATES, SEQUENCES}
         if HIDDEN_STATES in self.offers and model.meta("general.architecture") in LAYER_INPUT_GRAPHS:
-            self.offers |= {LAYER_STATES}
+            self.offers |= {LAYER_STATES, NATIVE_EAGLE3}
         if model.has_mtp and HIDDEN_STATES in self.offers:
             self.offers |= {NATIVE_MTP}
         self._native_head = None  # the model's MTP block, in a context of its own once a drafter asks
+        self._engine_heads: dict[str, object] = {}  # EAGLE-3 GGUFs run beside the model, by path
         self.n_threads_batch = n_threads_batch or threads
         self.limits = TargetLimits(max_batch=n_batch, max_paths=max_tree_paths)
         self._n_swa = model.n_swa  # sliding window of the SWA layers (0: none)
@@ -149,12 +150,31 @@ class LlamaTarget:
                                         n_threads_batch=self.n_threads_batch)
         return self._native_head
 
+    def engine_head(self, path: str):
+        """An EAGLE-3 GGUF run by llama.cpp beside this context (``NATIVE_EAGLE3``;
+        ``backends.llamacpp.eagle3``), loaded once per file and freed with this target; on the GPU
+        when the whole model is."""
+        if NATIVE_EAGLE3 not in self.offers:
+            raise BackendError(f"{self.model.name} cannot run an EAGLE-3 head in llama.cpp (its graph hands out "
+                               "no layer inputs)")
+        if path not in self._engine_heads:
+            from backends.llamacpp.eagle3 import GGUFEagle3Head
+
+            on_gpu = self.model.n_gpu_layers > self.model.n_layer  # the output layer too: the head can follow
+            self._engine_heads[path] = GGUFEagle3Head(path, self.ctx, self.model, n_ctx=self.n_ctx,
+                                                      n_gpu_layers=self.model.n_gpu_layers if on_gpu else 0,
+                                                      n_threads=self.n_threads, n_threads_batch=self.n_threads_batch)
+        return self._engine_heads[path]
+
     # -- lifecycle -----------------------------------------------------------------------------
     def close(self) -> None:
         lib = llama()
         if getattr(self, "_native_head", None) is not None:
             self._native_head.close()
             self._native_head = None
+        for head in getattr(self, "_engine_heads", {}).values():
+            head.close()
+        self._engine_heads = {}
         if getattr(self, "ctx", None):
             self._decodes += 1  # logits handed out point into the context being freed
             lib.llama_batch_free(self._batch)
