@@ -30,6 +30,7 @@ from backends.core.protocols import Drafter
 from backends.core.types import HIDDEN_STATES, NATIVE_EAGLE3, NATIVE_MTP, ROLLBACK, Event, GenerationSettings, Prefilled, SamplingSettings
 from backends.drafters import DRAFT_MODEL, DrafterResources, describe, head_requirement, method_spec
 from backends.heads.files import HEAD_KINDS, HeadFile, ModelFingerprint, find_heads
+from backends.heads.published import KIND as PUBLISHED_KIND, is_published_eagle3, read_published_eagle3
 from backends.models.weights import TokenEmbeddings
 from backends.hardware.offload import AUTO, resolve_gpu_layers
 from backends.llamacpp.model import LlamaModel
@@ -182,7 +183,10 @@ class Session:
             if not candidates:
                 raise SpecDeckError(f"no {kind} head has been trained for {self.model.name}: "
                                     f"`specdeck train {kind} --model {self.config.model}` makes one")
-            head = HeadFile.load(candidates[0])
+            if kind == PUBLISHED_KIND and is_published_eagle3(candidates[0]):  # an EAGLE / SpecForge folder
+                head = read_published_eagle3(candidates[0], self._path)
+            else:
+                head = HeadFile.load(candidates[0])
             head.check_for(self.fingerprint, kind)
             self._heads[key] = head
         return self._heads[key]

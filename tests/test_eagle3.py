@@ -88,15 +88,41 @@ def test_eagle3_greedy_equals_plain_greedy_on_the_oracle(top_k, expand, penalty)
     assert drafted > 12 * 20, "the head drafted almost nothing"
 
 
-def test_drafters_reading_different_layers_cannot_run_together():
-    a = EagleDrafter(Eagle3Head(random_head(), embed), EagleSettings(), costs=COSTS)
+def random_eagle1(seed: int = 1) -> HeadFile:
+    from backends.heads.eagle import KIND as EAGLE1, EagleShape
 
-    class Final:
-        requires, prompt_states, state_layers = frozenset({HIDDEN_STATES}), 1, ()
+    shape = EagleShape(d=WIDE, n_head=4, n_kv_head=2, head_dim=6, d_ff=32, draft_vocab=VOCAB)
+    rng = np.random.default_rng(seed)
+    tensors = {name: (rng.normal(size=shape_) * (1.0 if len(shape_) == 1 else 0.3)).astype(np.float16)
+               for name, shape_ in shape.tensor_shapes().items()}
+    tensors["vocab"] = np.arange(VOCAB, dtype=np.int64)
+    return HeadFile(EAGLE1, shape.config(), FAKE_MODEL, tensors, {})
 
-    assert states_of([a, a]) == (a.prompt_states, LAYERS)
-    with pytest.raises(SpecDeckError, match="read different hidden states"):
-        states_of([a, Final()])
+
+def test_drafters_reading_different_layers_run_together_on_the_union():
+    """An EAGLE-3 head (layers 0 and 2) and an EAGLE head (the final state) merged: the target is
+    asked for the union side by side, each drafter reads its own blocks (a wrong width would be
+    refused by the drafter), and greedy output is plain decoding's."""
+    from backends.drafters.specinfer import SpecInferDrafter
+    from backends.heads.eagle import EagleHead
+
+    settings = EagleSettings(top_k=2, expand=2, depth=3, max_nodes=8, adaptive=False, min_chance=0.0)
+    three = lambda: EagleDrafter(Eagle3Head(random_head(), embed), settings, costs=COSTS)  # noqa: E731
+    one = lambda: EagleDrafter(EagleHead(random_eagle1(), embed), settings, costs=COSTS)  # noqa: E731
+    a, b = three(), one()
+    assert states_of([a, a]) == (a.prompt_states, LAYERS, [None, None])
+    assert states_of([a, b]) == (a.prompt_states, (*LAYERS, FINAL_STATE), [(0, 1), (2,)])
+    drafted = 0
+    for seed in range(6):
+        oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
+        prompt = oracle_prompt(seed)
+        merged = SpecInferDrafter([three(), one()], costs=COSTS)
+        assert merged.state_layers == (*LAYERS, FINAL_STATE)
+        finished = list(generate(oracle, merged, prompt, GenerationSettings(max_new_tokens=30)))[-1]
+        assert list(finished.tokens) == plain_greedy(OracleTarget(VOCAB, seed=7, hidden_size=WIDE), prompt, 30,
+                                                     SamplingSettings())
+        drafted += finished.stats.drafted
+    assert drafted > 6 * 10
 
 
 def test_default_layers_are_low_middle_high():
@@ -330,3 +356,51 @@ def test_llama_cpp_runs_an_exported_head_as_numpy_does(smollm_q4_path, tmp_path)
         with pytest.raises(HeadMismatchError, match="width 640 vs 576"):
             target.engine_head(str(wide))
         target.close()
+
+
+def write_published(head: HeadFile, folder, vocab_size: int) -> None:
+    """``head`` in the EAGLE / SpecForge layout: config.json, HF names, d2t as offsets."""
+    from safetensors.numpy import save_file
+
+    from backends.heads.published import NAMES
+
+    s = Eagle3Shape.from_config(head.config)
+    folder.mkdir()
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": s.d, "num_attention_heads": s.n_head,
+              "num_key_value_heads": s.n_kv_head, "intermediate_size": s.d_ff, "rms_norm_eps": s.eps,
+              "rope_theta": s.rope_theta, "vocab_size": vocab_size, "draft_vocab_size": s.draft_vocab,
+              "num_hidden_layers": 1, "target_hidden_size": s.target_d}
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = {theirs: head.tensors[ours] for theirs, ours in NAMES.items()}
+    vocab = head.tensors["vocab"]
+    tensors["d2t"] = (vocab - np.arange(len(vocab))).astype(np.int64)
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def test_a_published_head_folder_drafts_for_its_model_and_is_refused_for_another(smollm_q4_path, tmp_path):
+    """A head in the EAGLE / SpecForge layout reads into the same head (d2t offsets to ids), drafts
+    in a session with output equal to plain decoding, and is refused, with what differs, for a
+    model of another vocabulary; pickled weights are refused."""
+    from backends.factory import Session, SessionConfig
+    from backends.heads.published import read_published_eagle3
+
+    head = smollm_shaped_head(smollm_q4_path, seed=4)
+    write_published(head, tmp_path / "ours", 49152)
+    read = read_published_eagle3(tmp_path / "ours", smollm_q4_path)
+    for name, value in head.tensors.items():
+        assert np.array_equal(read.tensors[name], value), name
+    write_published(head, tmp_path / "theirs", 128256)
+    with pytest.raises(HeadMismatchError, match="vocabulary 128256 vs 49152"):
+        read_published_eagle3(tmp_path / "theirs", smollm_q4_path)
+    (tmp_path / "pickled").mkdir()
+    (tmp_path / "pickled" / "config.json").write_text((tmp_path / "ours" / "config.json").read_text())
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"\x80\x04")
+    with pytest.raises(SpecDeckError, match="pickles"):
+        read_published_eagle3(tmp_path / "pickled", smollm_q4_path)
+    with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as session:
+        prompt = session.model.chat_prompt([{"role": "user", "content": "Name three colours."}])
+        plain = answer(session, "ar", prompt)
+        for method in ("eagle3", "eagle3-native"):
+            ours = answer(session, method, prompt, {"head": str(tmp_path / "ours"), "adaptive": False})
+            assert ours.stats.drafted > 0
+            same_or_near_tie(session, method, prompt, ours, plain)

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkabl
 import numpy as np
 
 from backends.core.errors import SpecDeckError
-from backends.core.types import HIDDEN_STATES, NO_LIMIT, Budget, Proposal, TargetLimits, TargetOutput, Verdict
+from backends.core.types import FINAL_STATE, HIDDEN_STATES, NO_LIMIT, Budget, Proposal, TargetLimits, TargetOutput, Verdict
 
 
 @runtime_checkable
@@ -117,13 +117,33 @@ class Drafter(Protocol):
         ``i + 1`` node ``i``'s; the accepted rows are the root and ``verdict.path``)."""
 
 
-def states_of(drafters: Iterable[Drafter]) -> tuple[int, tuple[int, ...]]:
-    """What a drafter combining ``drafters`` asks the target for: the most prompt states any of
-    those that read hidden states reads, and the layers they read. They must read the same
-    layers: the target hands out one kind of state per answer."""
+def states_of(drafters: Iterable[Drafter]) -> tuple[int, tuple[int, ...], list[tuple[int, ...] | None]]:
+    """What a drafter combining ``drafters`` asks the target for, and how it hands each its part:
+    (the most prompt states any reader reads, the layers to ask for, per drafter the blocks of
+    the combined rows it reads or None for all of them).
+
+    The target hands out one kind of state per answer, so drafters that read different ones get
+    the union side by side: an EAGLE-3 head reading layers (2, 15, 27) beside an EAGLE head
+    reading the final state makes the target hand out (2, 15, 27, FINAL_STATE), and the EAGLE head
+    reads block 3 of each row (``pick_states``)."""
+    drafters = list(drafters)
     readers = [d for d in drafters if HIDDEN_STATES in d.requires]
-    layers = {d.state_layers for d in readers}
-    if len(layers) > 1:
-        raise SpecDeckError(f"drafters that read different hidden states ({' and '.join(map(str, sorted(layers)))}) "
-                            "cannot run together")
-    return max((d.prompt_states for d in readers), default=0), next(iter(layers), ())
+    most = max((d.prompt_states for d in readers), default=0)
+    kinds = {d.state_layers for d in readers}
+    if len(kinds) <= 1:
+        return most, next(iter(kinds), ()), [None] * len(drafters)
+    union: list[int] = []
+    for d in readers:
+        union += [il for il in d.state_layers or (FINAL_STATE,) if il not in union]
+    blocks = [tuple(union.index(il) for il in d.state_layers or (FINAL_STATE,)) if HIDDEN_STATES in d.requires else None
+              for d in drafters]
+    return most, tuple(union), blocks
+
+
+def pick_states(hidden: np.ndarray | None, blocks: tuple[int, ...] | None, n_blocks: int) -> np.ndarray | None:
+    """The blocks ``blocks`` of rows holding ``n_blocks`` states side by side ([n, n_blocks d] ->
+    [n, len(blocks) d]); everything for ``blocks`` None."""
+    if hidden is None or blocks is None:
+        return hidden
+    d = hidden.shape[1] // n_blocks
+    return np.concatenate([hidden[:, b * d : (b + 1) * d] for b in blocks], axis=1)

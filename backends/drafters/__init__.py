@@ -148,7 +148,12 @@ class MethodSpec:
         return kinds[0] if kinds else None
 
     def requirements(self, settings: Any) -> frozenset[str]:
-        return self.requires if self.requires_for is None else self.requires_for(settings)
+        """What a session must offer for ``settings``; a head given by path needs none found for
+        the model (the build loads it and checks it against the model itself)."""
+        needs = self.requires if self.requires_for is None else self.requires_for(settings)
+        if getattr(settings, "head", ""):
+            needs = frozenset(r for r in needs if not r.startswith(HEAD_PREFIX))
+        return needs
 
     @property
     def needs_datastore(self) -> bool:
@@ -374,7 +379,7 @@ def _build_engine_eagle3(settings: EngineEagle3Settings, res: DrafterResources) 
     return _chain_drafter("eagle3-native", head, settings, res)
 
 
-HEAD_ARMS = ("eagle2", "medusa")  # auto's arms that need a trained head, best first
+HEAD_ARMS = ("eagle3-native", "eagle3", "eagle2", "medusa")  # auto's arms that need a trained head, best first
 
 
 def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
@@ -509,9 +514,7 @@ REGISTRY: dict[str, MethodSpec] = {
             "runs EAGLE-3 GGUFs published for the model",
             EngineEagle3Settings,
             _build_engine_eagle3,
-            requires=frozenset({LAYER_STATES, TREE, ROLLBACK, NATIVE_EAGLE3, head_requirement("eagle3")}),
-            requires_for=lambda s: frozenset({LAYER_STATES, TREE, ROLLBACK, NATIVE_EAGLE3}
-                                             | (set() if s.head.endswith(".gguf") else {head_requirement("eagle3")})),
+            requires=frozenset({HIDDEN_STATES, LAYER_STATES, TREE, ROLLBACK, NATIVE_EAGLE3, head_requirement("eagle3")}),
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.3, "code": 0.3, "rag": 0.3}),
             prior_draft=3,
         ),

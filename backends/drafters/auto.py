@@ -16,13 +16,14 @@ Inside an answer each arm's own sizer and gate still decide how much to draft.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
 from backends.core.controller import Bandit
 from backends.core.costs import CostModel
-from backends.core.protocols import Drafter, states_of
+from backends.core.protocols import Drafter, pick_states, states_of
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, TargetOutput, Verdict
 
 PLAIN = "ar"  # the baseline arm: draft nothing
@@ -87,7 +88,9 @@ class AutoDrafter(Drafter):
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.arms = dict(arms)
         self.requires = frozenset().union(*(d.requires for d in self.arms.values()))
-        self.prompt_states, self.state_layers = states_of(self.arms.values())  # the arm is chosen after the prefill
+        # the arm is chosen after the prefill, so the prompt's states are every arm's
+        self.prompt_states, self.state_layers, blocks = states_of(self.arms.values())
+        self._blocks = dict(zip(self.arms, blocks))
         self.costs = costs
         self.selector = selector
         self.clock = clock
@@ -105,7 +108,11 @@ class AutoDrafter(Drafter):
         self.arm = self.selector.choose(prompt_kind(prompt))
         self._drafter = self.arms.get(self.arm)
         if self._drafter is not None:
-            self._drafter.begin(prompt, hidden)
+            self._drafter.begin(prompt, self._mine(hidden))
+
+    def _mine(self, hidden: np.ndarray | None) -> np.ndarray | None:
+        """The part of the states the playing arm reads."""
+        return pick_states(hidden, self._blocks.get(self.arm), len(self.state_layers))
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         start = self.clock()
@@ -119,7 +126,7 @@ class AutoDrafter(Drafter):
         if self._drafter is None:
             self.costs.observe(0, self._context_len, out.seconds)  # plain decoding keeps the cost model current
         else:
-            self._drafter.observe(out, verdict)
+            self._drafter.observe(replace(out, hidden=self._mine(out.hidden)), verdict)
         own = self._own + self.clock() - start
         one = self.costs.seconds(0, self._context_len)
         self.selector.add(len(verdict.tokens), (out.seconds + own) / one if one > 0 else 1.0)

@@ -23,7 +23,7 @@ import numpy as np
 
 from backends.core.costs import CostModel
 from backends.core.planner import plan_nodes
-from backends.core.protocols import Drafter, states_of
+from backends.core.protocols import Drafter, pick_states, states_of
 from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.merge import merge, project, select
 from backends.models.datastore import DATASTORE_FILE
@@ -64,15 +64,15 @@ class SpecInferDrafter(Drafter):
         self.playing = playing
         self.drafters = list(drafters)
         self.requires = frozenset({TREE}).union(*(d.requires for d in self.drafters))
-        self.prompt_states, self.state_layers = states_of(self.drafters)
+        self.prompt_states, self.state_layers, self._blocks = states_of(self.drafters)
         self.costs = costs or CostModel.from_relative([1.0] * 65)
         self._last: list[Proposal] = []
         self._maps: tuple[tuple[int, ...], ...] = ()
         self._context_len = 0
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
-        for d in self.drafters:
-            d.begin(prompt, hidden)
+        for d, blocks in zip(self.drafters, self._blocks):
+            d.begin(prompt, pick_states(hidden, blocks, len(self.state_layers)))
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         if len(self.drafters) == 1:  # nothing to merge: it drafts, and learns, as if alone
@@ -95,5 +95,6 @@ class SpecInferDrafter(Drafter):
             return
         self.costs.observe(verdict.drafted, self._context_len, out.seconds)
         quiet = replace(out, seconds=0.0)  # timed once above, with the merged size
-        for drafter, prop, mapping in zip(self.drafters, self._last, self._maps):
-            drafter.observe(quiet, project(verdict, prop, mapping))
+        for drafter, prop, mapping, blocks in zip(self.drafters, self._last, self._maps, self._blocks):
+            mine = replace(quiet, hidden=pick_states(out.hidden, blocks, len(self.state_layers)))
+            drafter.observe(mine, project(verdict, prop, mapping))

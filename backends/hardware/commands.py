@@ -140,7 +140,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from backends.hardware.bandwidth import cpu_bandwidth
     from backends.hardware.detect import detect_hardware
     from backends.hardware.recommend import recommend
-    from backends.core.types import LAYER_STATES, NATIVE_MTP
+    from backends.core.types import LAYER_STATES, NATIVE_EAGLE3, NATIVE_MTP
     from backends.llamacpp.model import mtp_in_header
     from backends.llamacpp.states import LAYER_INPUT_GRAPHS
     from backends.models.gguf_info import read_gguf_info
@@ -155,7 +155,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     model = _model_path(args.model)
     heads = frozenset(head_requirement(k) for k in HEAD_KINDS if find_heads(model, k))  # trained for this model
     heads |= {NATIVE_MTP} if mtp_in_header(model) else set()  # its own next-n block
-    heads |= {LAYER_STATES} if read_gguf_info(model).architecture in LAYER_INPUT_GRAPHS else set()  # layer inputs
+    if read_gguf_info(model).architecture in LAYER_INPUT_GRAPHS:  # layer inputs, and llama.cpp runs EAGLE-3 heads
+        heads |= {LAYER_STATES, NATIVE_EAGLE3}
     result = recommend(model, hw, task=args.task, drafts=drafts,
                        rt=RuntimeSettings(n_ctx=args.ctx, cache_type=args.cache_type),
                        cpu_bandwidth=cpu_bandwidth(hw.cpu, hw.ram.total_bytes), target_offers=LlamaTarget.offers | heads,
