@@ -11,7 +11,6 @@ from typing import Any, Callable, Iterable, Protocol, Sequence, runtime_checkabl
 
 import numpy as np
 
-from backends.core.errors import SpecDeckError
 from backends.core.types import FINAL_STATE, HIDDEN_STATES, NO_LIMIT, Budget, Proposal, TargetLimits, TargetOutput, Verdict
 
 
