@@ -1,4 +1,4 @@
-"""``specdeck train medusa|eagle|eagle3``: a head for the user's own model, made on the user's own PC.
+"""``specdeck train medusa|eagle|eagle3|mtp``: a head for the user's own model, made on the user's own PC.
 
 Two phases, both resumable (run the same command again after Ctrl+C or a crash):
 
@@ -398,6 +398,26 @@ def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[
     return trainer, int(data.valid.sum()), held
 
 
+def _mtp(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
+         folder: Path):
+    """The trainer of a DeepSeek-V3-style MTP module: an EAGLE layer's sizes, the final state."""
+    from backends.heads.eagle_training import eagle_sequences
+    from backends.heads.mtp import MTPShape
+    from backends.heads.mtp_training import MTPTrainConfig, MTPTrainer
+    from backends.heads.training import draft_vocabulary
+    from backends.models.gguf_info import read_gguf_info
+    from backends.models.weights import TokenEmbeddings
+
+    config = MTPTrainConfig(seed=seed)
+    vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
+    shape = MTPShape(**_eagle_shape(read_gguf_info(model_path), len(vocab)).__dict__)
+    data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
+                           group=lambda n: n // TURNS)
+    trainer = MTPTrainer(data, vocab, tensor_rows(model_path, vocab), shape, fingerprint, config,
+                         folder / f"mtp-seed{seed}.checkpoint.safetensors")
+    return trainer, int(data.valid.sum()), int((data.valid & data.held_out[:, None]).sum())
+
+
 def _eagle3_layers(n_layer: int) -> tuple[int, ...]:
     """An EAGLE-3 head's three layers, and the final state (what says the target's distribution)."""
     from backends.core.types import FINAL_STATE
@@ -414,7 +434,7 @@ def record_layers(kind: str, n_layer: int) -> tuple[int, ...]:
     return RECORDED_LAYERS[kind](n_layer) if kind in RECORDED_LAYERS else ()
 
 
-TRAINERS = {"medusa": _medusa, "eagle": _eagle, "eagle3": _eagle3}  # head kind -> its trainer over recorded samples
+TRAINERS = {"medusa": _medusa, "eagle": _eagle, "eagle3": _eagle3, "mtp": _mtp}  # head kind -> its trainer over recorded samples
 
 
 def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: None,

@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 HEAD_COLOURS = [(60, 140, 230), (230, 140, 60), (80, 180, 90), (200, 80, 160), (140, 140, 140)]
 
 
-KIND_LABELS = {"eagle": "EAGLE head (for eagle2)", "eagle3": "EAGLE-3 head (for eagle3)", "medusa": "Medusa heads (for medusa)"}
+KIND_LABELS = {"eagle": "EAGLE head (for eagle2)", "eagle3": "EAGLE-3 head (for eagle3, eagle3-native)",
+               "mtp": "MTP module (for mtp-trained)", "medusa": "Medusa heads (for medusa)"}
 
 
 class TrainDialog(QDialog):

@@ -34,6 +34,7 @@ from backends.drafters.rest import RESTDrafter, RESTSettings
 from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings
 from backends.heads.eagle import EagleHead
 from backends.heads.eagle3 import Eagle3Head
+from backends.heads.mtp import MTPModuleHead
 from backends.heads.files import HeadFile
 from backends.heads.medusa import MedusaHeads
 from backends.models.datastore import DATASTORE_FILE, Datastore
@@ -379,7 +380,7 @@ def _build_engine_eagle3(settings: EngineEagle3Settings, res: DrafterResources) 
     return _chain_drafter("eagle3-native", head, settings, res)
 
 
-HEAD_ARMS = ("eagle3-native", "eagle3", "eagle2", "medusa")  # auto's arms that need a trained head, best first
+HEAD_ARMS = ("eagle3-native", "eagle3", "eagle2", "mtp-trained", "medusa")  # auto's arms that need a trained head, best first
 
 
 def _build_auto(settings: AutoSettings, res: DrafterResources) -> Drafter:
@@ -515,6 +516,17 @@ REGISTRY: dict[str, MethodSpec] = {
             EngineEagle3Settings,
             _build_engine_eagle3,
             requires=frozenset({HIDDEN_STATES, LAYER_STATES, TREE, ROLLBACK, NATIVE_EAGLE3, head_requirement("eagle3")}),
+            prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.3, "code": 0.3, "rag": 0.3}),
+            prior_draft=3,
+        ),
+        MethodSpec(
+            "mtp-trained",
+            "a multi-token-prediction module shaped as DeepSeek-V3's, trained for this model on its own "
+            "answers (for models without a next-n block of their own; `specdeck train mtp`), drafting a "
+            "dynamic tree",
+            EagleSettings,
+            _eagle_builder("mtp", MTPModuleHead),
+            requires=frozenset({HIDDEN_STATES, TREE, ROLLBACK, head_requirement("mtp")}),
             prior_acceptance=MappingProxyType({"chat": 0.3, "summarize": 0.3, "code": 0.3, "rag": 0.3}),
             prior_draft=3,
         ),

@@ -28,7 +28,7 @@ import numpy as np
 from backends.heads.eagle3 import KIND, Eagle3Shape
 from backends.heads.eagle_training import EagleRecipe, Sequences, layer_base
 from backends.heads.files import ModelFingerprint
-from backends.heads.training import HeadTrainer, torch_or_error
+from backends.heads.training import HeadTrainer
 
 
 @dataclass(frozen=True)
@@ -79,29 +79,20 @@ def eagle3_module(torch, shape: Eagle3Shape, lm_init: np.ndarray):
     return Eagle3()
 
 
-class Eagle3Recipe(EagleRecipe):
-    """EAGLE-3 on sequences whose states are (layer inputs, final state) side by side."""
+class UnrolledRecipe(EagleRecipe):
+    """Training-time test over sequences whose states are what the head reads, then the final
+    state side by side (``reads`` columns; 0: the head reads the final state itself): EAGLE-3's
+    recipe, and the trained MTP module's (``backends.heads.mtp_training``)."""
 
-    def __init__(self, data: Sequences, vocab: np.ndarray, lm_init: np.ndarray, shape: Eagle3Shape,
-                 config: Eagle3TrainConfig) -> None:
-        torch = self.torch = torch_or_error()
-        torch.manual_seed(config.seed)
-        self.data, self.vocab, self.shape, self.config = data, vocab, shape, config
-        self.fused = len(shape.layers) * shape.target_d
-        self.model = eagle3_module(torch, shape, lm_init)
-        self.train_rows = np.flatnonzero(~data.held_out)
-        test = np.flatnonzero(data.held_out)
-        self.test_rows = (test if len(test) else self.train_rows)[: config.eval_sequences]
-        self.n_train = len(self.train_rows)
-        self.identity = int(data.valid.sum())
-        self.table = torch.from_numpy(data.table)
+    reads = 0
 
     def _inputs(self, rows: np.ndarray):
         torch, d = self.torch, self.data
-        states = torch.from_numpy(d.states[rows].astype(np.float32))  # [B, L + 1, fused + d]
+        states = torch.from_numpy(d.states[rows].astype(np.float32))  # [B, L + 1, reads + d]
         emb = self.table[torch.from_numpy(d.tokens[rows])]
-        layers, final = states[..., : self.fused], states[..., self.fused :]
-        return emb, self.model.features(layers[:, :-1]), final[:, 1:], torch.from_numpy(d.positions[rows])
+        final = states[..., self.reads :]
+        read = states[..., : self.reads] if self.reads else final
+        return emb, self.model.features(read[:, :-1]), final[:, 1:], torch.from_numpy(d.positions[rows])
 
     def loss(self, items: np.ndarray, step: int):
         torch, c = self.torch, self.config
@@ -126,6 +117,14 @@ class Eagle3Recipe(EagleRecipe):
             total = total + c.decay ** level * (ce * m).sum() / m.sum().clamp(min=1)
             weights += c.decay ** level
         return total / weights
+
+
+class Eagle3Recipe(UnrolledRecipe):
+    """EAGLE-3: the states are the chosen layers' inputs, then the final state."""
+
+    def make_module(self, torch, lm_init: np.ndarray):
+        self.reads = len(self.shape.layers) * self.shape.target_d
+        return eagle3_module(torch, self.shape, lm_init)
 
 
 class Eagle3Trainer(HeadTrainer):

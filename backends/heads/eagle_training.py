@@ -22,6 +22,7 @@ where depths ``1..k - 1`` did.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Sequence
 
 import numpy as np
@@ -218,20 +219,27 @@ def eagle_module(torch, shape: EagleShape, lm_init: np.ndarray, train_lm: bool =
 class EagleRecipe:
     """EAGLE-1: one decoder layer over (state, token) rows; items are sequences."""
 
-    def __init__(self, data: Sequences, vocab: np.ndarray, lm_init: np.ndarray, shape: EagleShape,
-                 config: EagleTrainConfig) -> None:
+    def __init__(self, data: Sequences, vocab: np.ndarray, lm_init: np.ndarray, shape: EagleShape, config) -> None:
         torch = self.torch = torch_or_error()
         torch.manual_seed(config.seed)
         self.data, self.vocab, self.shape, self.config = data, vocab, shape, config
-        self.model = eagle_module(torch, shape, lm_init, config.train_lm)
+        self.model = self.make_module(torch, lm_init)
         self.train_rows = np.flatnonzero(~data.held_out)
         test = np.flatnonzero(data.held_out)
         self.test_rows = (test if len(test) else self.train_rows)[: config.eval_sequences]
         self.n_train = len(self.train_rows)
         self.identity = int(data.valid.sum())
         self.table = torch.from_numpy(data.table)
-        valid = data.states[data.valid.nonzero()].astype(np.float32)
-        self.rms = float(np.sqrt((valid * valid).mean())) if len(valid) else 1.0
+
+    @cached_property
+    def rms(self) -> float:
+        """The states' root mean square (the scale of the input noise)."""
+        valid = self.data.states[self.data.valid.nonzero()].astype(np.float32)
+        return float(np.sqrt((valid * valid).mean())) if len(valid) else 1.0
+
+    def make_module(self, torch, lm_init: np.ndarray):
+        """The torch module this recipe trains (its weights drawn from the seed already set)."""
+        return eagle_module(torch, self.shape, lm_init, self.config.train_lm)
 
     def _inputs(self, rows: np.ndarray):
         """(token embeddings, first-level features, the next final states, positions) of sequences."""

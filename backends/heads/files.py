@@ -27,7 +27,7 @@ from backends.models.paths import data_dir, write_atomic
 
 SHIPPED = Path(__file__).resolve().parents[2] / "assets" / "heads"
 FORMAT = 1  # the JSON config's version
-HEAD_KINDS = ("medusa", "eagle", "eagle3")  # the kinds of trained heads sessions look for
+HEAD_KINDS = ("medusa", "eagle", "eagle3", "mtp")  # the kinds of trained heads sessions look for
 
 
 @dataclass(frozen=True)
