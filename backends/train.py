@@ -34,7 +34,8 @@ import numpy as np
 
 from backends.core.errors import SpecDeckError
 from backends.core.text import TextStream
-from backends.core.types import SEQUENCES, Finished, GenerationSettings, SamplingSettings
+from backends.core.protocols import pick_states
+from backends.core.types import FINAL_STATE, SEQUENCES, Finished, GenerationSettings, SamplingSettings
 from backends.heads.files import ModelFingerprint, head_stem
 from backends.heads.record import Recorder, Sample, SampleStore
 from backends.models.paths import cache_dir, data_dir
@@ -420,13 +421,39 @@ def _mtp(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int
 
 def _eagle3_layers(n_layer: int) -> tuple[int, ...]:
     """An EAGLE-3 head's three layers, and the final state (what says the target's distribution)."""
-    from backends.core.types import FINAL_STATE
     from backends.heads.eagle3 import default_layers
 
     return (*default_layers(n_layer), FINAL_STATE)
 
 
 RECORDED_LAYERS = {"eagle3": _eagle3_layers}  # head kind -> the states it trains on, by layer count (else the final one)
+
+
+def recording_for(fingerprint: ModelFingerprint, req: TrainRequest, needed: tuple[int, ...],
+                  n_layer: int) -> tuple[Path, tuple[int, ...]]:
+    """The recording to add to and train from, and the states it keeps: the head's own, or one
+    that keeps more states (an EAGLE-3 recording keeps the final state too) and already holds more
+    conversations. One recording serves every head whose states it holds: recording is what costs
+    (an hour for a few hundred conversations on 2 cores), training from it minutes."""
+    def folder(layers: tuple[int, ...]) -> Path:
+        return data_folder(fingerprint, req.data, req.max_new_tokens, layers, req.follow_ups)
+
+    def count(layers: tuple[int, ...]) -> int:
+        return len(list(folder(layers).glob("*.safetensors")))
+
+    options = {record_layers(kind, n_layer) for kind in TRAINERS}
+    holding = [layers for layers in options if set(needed or (FINAL_STATE,)) <= set(layers or (FINAL_STATE,))]
+    best = max(holding, key=lambda layers: (count(layers), layers == needed))
+    return folder(best), best
+
+
+def narrowed(sample: Sample, recorded: tuple[int, ...], needed: tuple[int, ...]) -> Sample:
+    """``sample`` with only the states a head needs, from a recording that keeps more."""
+    if recorded == needed:
+        return sample
+    recorded, needed = recorded or (FINAL_STATE,), needed or (FINAL_STATE,)
+    states = pick_states(sample.states, tuple(recorded.index(il) for il in needed), len(recorded))
+    return Sample(sample.tokens, np.ascontiguousarray(states), sample.n_prompt)
 
 
 def record_layers(kind: str, n_layer: int) -> tuple[int, ...]:
@@ -454,8 +481,8 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     with Session(SessionConfig(model=req.model, n_threads=req.n_threads)) as session:
         path = Path(session.model.path)
         fingerprint = ModelFingerprint.of(path)
-        layers = record_layers(req.kind, session.model.n_layer)
-        folder = data_folder(fingerprint, req.data, req.max_new_tokens, layers, req.follow_ups)
+        needed = record_layers(req.kind, session.model.n_layer)
+        folder, layers = recording_for(fingerprint, req, needed, session.model.n_layer)
         source = {"model": fingerprint.describe(), "data": req.data, "max_new_tokens": req.max_new_tokens}
         if req.follow_ups:
             source["follow_ups"] = req.follow_ups
@@ -464,7 +491,7 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
                       deadline=started + req.minutes * 60 * req.record_share, limit=req.prompts, report=report)
         eog = sorted(session.model.eog_ids)
         n_vocab = session.model.n_vocab
-    samples = list(store.samples())
+    samples = [(n, narrowed(s, layers, needed)) for n, s in store.samples()]
     trainer, positions, held = TRAINERS[req.kind](samples, path, fingerprint, eog, n_vocab, req.seed, folder)
     report({"phase": "data", "positions": positions, "held_out": held, "conversations": done})
     steps = req.steps

@@ -133,26 +133,25 @@ def chi_square(counts: np.ndarray, p: np.ndarray) -> tuple[float, int]:
     return chi2, int(big.sum()) + (rest > 0) - 1
 
 
-def test_eagle2_sampling_keeps_the_target_distribution(oracle_eagle):
-    """The first and second tokens after a fixed prompt, sampled many times through the engine with
-    EAGLE-2 trees, follow the oracle's exact distributions (the second: its marginal over the first)."""
-    head = EagleHead(oracle_eagle, embed)
+def sampling_keeps_the_target_distribution(make_drafter, vocab: int, width: int, runs: int = 800) -> None:
+    """The first and second tokens after a fixed prompt, sampled ``runs`` times through the engine
+    with drafters from ``make_drafter``, follow the oracle's exact distributions (the second: its
+    marginal over the first); the drafts must have been accepted often enough to matter."""
     prompt = oracle_prompt(3)
-    truth = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
+    truth = OracleTarget(vocab, seed=7, hidden_size=width)
     plain = SamplingSettings(temperature=1.0)
 
     def p(history: list[int]) -> np.ndarray:
         return target_distribution(truth.logits_for(history), history, plain)
 
     p1 = p(prompt)
-    p2 = sum(p1[x] * p(prompt + [x]) for x in range(VOCAB))
-    counts = np.zeros((2, VOCAB))
+    p2 = sum(p1[x] * p(prompt + [x]) for x in range(vocab))
+    counts = np.zeros((2, vocab))
     accepted = 0
-    for seed in range(800):
-        oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
-        drafter = EagleDrafter(head, EagleSettings(top_k=3, expand=2, depth=3, max_nodes=8, adaptive=False), costs=COSTS)
+    for seed in range(runs):
+        oracle = OracleTarget(vocab, seed=7, hidden_size=width)
         sampling = SamplingSettings(temperature=1.0, seed=seed)
-        finished = list(generate(oracle, drafter, prompt, GenerationSettings(max_new_tokens=2, sampling=sampling)))[-1]
+        finished = list(generate(oracle, make_drafter(), prompt, GenerationSettings(max_new_tokens=2, sampling=sampling)))[-1]
         counts[0, finished.tokens[0]] += 1
         counts[1, finished.tokens[1]] += 1
         accepted += finished.stats.accepted
@@ -160,6 +159,12 @@ def test_eagle2_sampling_keeps_the_target_distribution(oracle_eagle):
     for k, exact in enumerate((p1, p2)):
         chi2, dof = chi_square(counts[k], exact)
         assert chi2 < dof + 5 * np.sqrt(2 * dof), f"token {k + 1}: chi2 {chi2:.1f} for {dof} degrees of freedom"
+
+
+def test_eagle2_sampling_keeps_the_target_distribution(oracle_eagle):
+    head = EagleHead(oracle_eagle, embed)
+    settings = EagleSettings(top_k=3, expand=2, depth=3, max_nodes=8, adaptive=False)
+    sampling_keeps_the_target_distribution(lambda: EagleDrafter(head, settings, costs=COSTS), VOCAB, WIDE)
 
 
 def test_the_drafter_waits_until_it_knows_the_root_state(oracle_eagle):

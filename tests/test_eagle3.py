@@ -23,6 +23,7 @@ from backends.heads.eagle3 import KIND, Eagle3Head, Eagle3Shape, default_layers
 from backends.heads.files import HeadFile, HeadMismatchError, ModelFingerprint
 from tests.oracle import OracleTarget
 from tests.test_engine import COSTS, plain_greedy
+from tests.test_eagle import sampling_keeps_the_target_distribution
 from tests.test_heads import oracle_prompt
 from tests.test_real_models import answer, same_or_near_tie
 
@@ -254,6 +255,8 @@ def test_training_on_the_oracle_learns_and_stays_lossless(tmp_path):
     assert result.agreement[0] > max(3 / VOCAB, before[0] + 0.1), f"depth 1 learned little: {before} -> {result.agreement}"
     head = Eagle3Head(trainer.export({"test": True}), embed)
     settings = EagleSettings(top_k=3, expand=2, depth=4, max_nodes=12, adaptive=False)
+    sampling = EagleSettings(top_k=3, expand=2, depth=3, max_nodes=8, adaptive=False)
+    sampling_keeps_the_target_distribution(lambda: EagleDrafter(head, sampling, costs=COSTS), VOCAB, WIDE)
     accepted = 0
     for seed in range(6):
         target = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
@@ -292,6 +295,12 @@ def test_train_cli_records_layers_and_writes_an_eagle3_head_that_drafts_lossless
     assert len(stores) == 1 and "layers2_15_27_-1" in str(stores[0].parent)
     _, sample = next(SampleStore(stores[0].parent, json.loads(stores[0].read_text())).samples())
     assert sample.states.shape[1] == 4 * 576
+    # an EAGLE head for the same data trains from this recording's final states: nothing recorded again
+    assert main(["train", "eagle", "--model", str(smollm_q4_path), "--data", str(prompts), "--max-new-tokens", "24",
+                 "--steps", "2", "--out", str(tmp_path / "h.eagle")]) == 0
+    assert len(list((tmp_path / "cache").rglob("source.json"))) == 1
+    eagle = HeadFile.load(tmp_path / "h.eagle.json")
+    assert eagle.kind == "eagle" and eagle.tensor("fc.weight").shape == (576, 2 * 576)
     extra = method_extra(method_spec("eagle3"), 4096, hidden_size=576)
     assert [t.bytes for t in extra.terms if "hidden states" in t.name] == [4096 * 3 * 576 * 2]
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=1024, heads=(str(config),))) as session:

@@ -130,3 +130,11 @@ def test_train_cli_writes_an_mtp_module_that_drafts_as_plain_decoding_writes(smo
         ours = answer(session, "mtp-trained", prompt, {"top_k": 2, "adaptive": False})
         assert ours.stats.drafted > 0
         same_or_near_tie(session, "mtp-trained", prompt, ours, plain)
+
+
+def test_sampling_with_a_trained_module_keeps_the_target_distribution(oracle_mtp):
+    from tests.test_eagle import sampling_keeps_the_target_distribution
+
+    head = MTPModuleHead(oracle_mtp, embed)
+    settings = EagleSettings(top_k=3, expand=2, depth=3, max_nodes=8, adaptive=False)
+    sampling_keeps_the_target_distribution(lambda: EagleDrafter(head, settings, costs=COSTS), VOCAB, WIDE)
