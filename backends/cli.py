@@ -112,7 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     mdown.add_argument("repo")
     mdown.add_argument("files", nargs="+", help="file paths in the repository (a split GGUF's first part is enough)")
     mdown.add_argument("--out", type=Path, default=None, help="library folder (default: the app's)")
-    for hub_cmd in (msearch, mfiles, mdown):
+    mheads = msub.add_parser("heads", help="EAGLE-3 heads published on the Hub for a model, best fitting first")
+    mheads.add_argument("model", help="known id or path to a .gguf file")
+    mhead = msub.add_parser("get-head", help="download a published EAGLE-3 head for a model (its config is checked first)")
+    mhead.add_argument("repo")
+    mhead.add_argument("--model", required=True, help="known id or path to a .gguf file")
+    for hub_cmd in (msearch, mfiles, mdown, mheads, mhead):
         hub_cmd.add_argument("--endpoint", default=None, help="another Hub address (default huggingface.co or HF_ENDPOINT)")
 
     bench = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench")
@@ -192,6 +197,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         return _models_info(resolve_model(args.id), as_json=args.json)
     if args.models_command in ("search", "files", "download"):
         return _models_hub(args)
+    if args.models_command in ("heads", "get-head"):
+        return _hub_heads(args)
     ids = args.ids or [m for m, e in CATALOG.items() if e.made_here]
     for model_id in ids:
         path = ensure(model_id, force=args.force, progress=lambda msg: print(msg, file=sys.stderr))
@@ -235,6 +242,25 @@ def _check_llama_reads(path: Path) -> None:
         LlamaModel(path, vocab_only=True).close()
     finally:
         log.setLevel(level)
+
+
+def _hub_heads(args: argparse.Namespace) -> int:
+    from backends.heads import from_hub
+    from backends.models.catalog import resolve_model
+    from backends.models.hub import DownloadProgress
+
+    model = resolve_model(args.model)
+    if args.models_command == "heads":
+        for m in from_hub.search_heads(model, endpoint=args.endpoint):
+            print(f"{m.id:60} {m.downloads:>10,} downloads")
+        return 0
+    state = DownloadProgress(files=1, total_bytes=0)
+    from_hub.install_head(args.repo, model, state, endpoint=args.endpoint)
+    if state.result is None:
+        print(f"specdeck: {state.error or 'cancelled'}", file=sys.stderr)
+        return 1
+    print(state.result)
+    return 0
 
 
 def _models_hub(args: argparse.Namespace) -> int:

@@ -1,10 +1,11 @@
 """The comparison panel: one prompt through several methods on the loaded model, side by side.
 
 Plain decoding always runs first as the reference. Each method streams into its own pane; when
-all are done a table gives decode tokens/s, speedup, tau, acceptance, joules per token (when a
-power source exists) and whether the output is identical to plain decoding (with the logit
-margin of the first difference, which shows a numerical near-tie). Runs are kept as JSON in the
-user data directory and can be reloaded and exported.
+all are done a table gives decode tokens/s, speedup, tau, acceptance (overall and by draft depth:
+the share of guesses at depth k accepted), joules per token (when a power source exists) and
+whether the output is identical to plain decoding (with the logit margin of the first
+difference, which shows a numerical near-tie). Runs are kept as JSON in the user data directory
+and can be reloaded and exported.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ from desktop.forms import PromptBox
 from desktop.panels import ScrollColumn
 from desktop.worker import CompareDone, CompareEvent, CompareRow
 
-COLUMNS = ("method", "decode tok/s", "speedup", "tau", "acceptance", "J/token", "identical to ar")
-CHART_MIN_WIDTH = 220  # pixels for the bar chart beside the table
+COLUMNS = ("method", "decode tok/s", "speedup", "tau", "acceptance", "by depth %", "J/token", "identical to ar")
+DEPTHS_SHOWN = 4  # draft depths whose acceptance the "by depth" column shows
+METHOD_ROWS = 2  # rows of method check boxes above the panes
+CHART_MIN_WIDTH = 180  # pixels for the bar chart beside the table
 VERDICT_MIN_WIDTH = 110  # pixels for the last column ("identical to ar"); longer verdicts wrap
 
 
@@ -78,16 +81,18 @@ class ComparePanel(QWidget):
         self.sample_button = QPushButton("Sample from Spec-Bench")
         self.sample_button.clicked.connect(self.sample_prompt)
         self.checks: dict[str, QCheckBox] = {}
-        methods_row = QHBoxLayout()  # the methods on one row, what to run on the next: fits 1366 pixels
-        methods_row.addWidget(QLabel("Methods:"))
-        for name in REGISTRY:
+        # the methods on two rows, what to run on the next: a dozen names on one row do not fit 1366 pixels
+        methods_row = QGridLayout()
+        methods_row.addWidget(QLabel("Methods:"), 0, 0)
+        per_row = -(-len(REGISTRY) // METHOD_ROWS)
+        for i, name in enumerate(REGISTRY):
             box = QCheckBox(name)
             box.setChecked(name in FIRST_COMPARED)
             if REGISTRY[name].baseline:
                 box.setEnabled(False)  # the reference every other method is measured against
             self.checks[name] = box
-            methods_row.addWidget(box)
-        methods_row.addStretch(1)
+            methods_row.addWidget(box, i // per_row, 1 + i % per_row)
+        methods_row.setColumnStretch(per_row + 1, 1)
         self.run_button = QPushButton("Run")
         self.run_button.clicked.connect(self.run)
         self.stop_button = QPushButton("Stop")
@@ -353,12 +358,13 @@ def _cells(row: CompareRow) -> tuple[str, ...]:
         return "-" if value is None or not math.isfinite(value) else fmt.format(value)
 
     if row.error:
-        return (row.method, "-", "-", "-", "-", "-", f"failed: {row.error}")
+        return (row.method, "-", "-", "-", "-", "-", "-", f"failed: {row.error}")
     if row.identical:
         same = "yes"
     elif row.near_tie:
         same = f"yes, up to a near-tie at token {row.divergence_position}"
     else:
         same = f"NO from token {row.divergence_position} (margin {num(row.divergence_margin, '{:.3f}')})"
+    depths = " ".join(f"{100 * a:.0f}" for a in row.acceptance_by_depth[:DEPTHS_SHOWN]) or "-"  # narrow: 1366 pixels
     return (row.method, num(row.decode_tok_s, "{:.1f}"), num(row.speedup, "{:.2f}x"), num(row.tau, "{:.2f}"),
-            num(row.acceptance_rate, "{:.0%}"), num(row.joules_per_token, "{:.3f}"), same)
+            num(row.acceptance_rate, "{:.0%}"), depths, num(row.joules_per_token, "{:.3f}"), same)

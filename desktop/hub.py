@@ -5,6 +5,10 @@ gets a thread of its own (the pool is for short jobs), publishes a ``DownloadPro
 and the dialog polls that record on a timer: the GUI thread never waits on the network, and the
 download thread never touches a widget. Closing the dialog only hides it; the download goes on,
 and the library lists the model when it has been checked and renamed into place.
+
+With a model loaded, "EAGLE-3 heads for ..." searches for heads published for it
+(``backends/heads/from_hub.py``); downloading one of those checks its config against the model
+before the weights come, and keeps it among the user's heads, not in the model library.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backends.heads.from_hub import install_head, search_heads
 from backends.models.hub import (
     DownloadProgress,
     HubError,
@@ -73,6 +78,7 @@ class HubDialog(QDialog):
     """Search, pick files, download with progress, cancel and resume."""
 
     downloaded = Signal(list)  # the paths now in the library
+    head_installed = Signal(str)  # a head from the Hub, saved for the loaded model (its JSON)
 
     def __init__(self, endpoint: str | None = None, root: Path | None = None,
                  parent: QWidget | None = None) -> None:
@@ -80,6 +86,8 @@ class HubDialog(QDialog):
         self.setWindowTitle("SpecDeck - download from Hugging Face")
         self.endpoint, self.root = endpoint, root or library_dir()
         self.repo: str | None = None
+        self.model_path: str | None = None  # the loaded model, which heads are searched for
+        self.heads_listed = False  # the results are head repositories: Download installs one for the model
         self.files: list[HubFile] = []
         self.state: DownloadProgress | None = None
         self._cancel = threading.Event()
@@ -96,6 +104,8 @@ class HubDialog(QDialog):
         self.gguf_only = QCheckBox("GGUF only", checked=True)
         search = QPushButton("Search")
         search.clicked.connect(self.search)
+        self.heads_button = QPushButton("EAGLE-3 heads for the loaded model", objectName="hub_heads", enabled=False)
+        self.heads_button.clicked.connect(self.search_heads)
         self.results = _table(("repository", "downloads", "likes"), "hub_results")
         self.results.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.results.itemSelectionChanged.connect(self._repo_selected)
@@ -112,6 +122,7 @@ class HubDialog(QDialog):
         top.addWidget(self.query, 1)
         top.addWidget(self.gguf_only)
         top.addWidget(search)
+        top.addWidget(self.heads_button)
         split = QSplitter()
         split.addWidget(self.results)
         split.addWidget(self.file_table)
@@ -128,17 +139,37 @@ class HubDialog(QDialog):
 
     # --- search and file list -------------------------------------------------------------
 
+    def set_model(self, path: str | None) -> None:
+        """The model now loaded (None: none), whose heads the heads button looks for."""
+        self.model_path = path
+        self.heads_button.setEnabled(path is not None)
+        self.heads_button.setText(f"EAGLE-3 heads for {Path(path).stem}" if path else "EAGLE-3 heads for the loaded model")
+
     def search(self) -> None:
         text, gguf, endpoint = self.query.text().strip(), self.gguf_only.isChecked(), self.endpoint
+        self.heads_listed = False
         self._say(f"Searching for {text!r} ...")
         run_job(self, lambda: search_models(text, gguf_only=gguf, endpoint=endpoint), self._show_results, self._fail)
+
+    def search_heads(self) -> None:
+        model, endpoint = self.model_path, self.endpoint
+        if model is None:
+            return self._say("Load a model first: heads are looked for the loaded one")
+        self.heads_listed = True
+        self._say(f"Searching for EAGLE-3 heads made for {Path(model).stem} ...")
+        run_job(self, lambda: search_heads(model, endpoint=endpoint), self._show_results, self._fail)
 
     def _show_results(self, models: list[HubModel]) -> None:
         self.results.setRowCount(len(models))
         for row, m in enumerate(models):
             for col, value in enumerate((m.id, f"{m.downloads:,}", f"{m.likes:,}")):
                 self.results.setItem(row, col, QTableWidgetItem(value))
-        self._say(f"{len(models)} repositories found" if models else "Nothing found; try fewer words")
+        if self.heads_listed:
+            self._say(f"{len(models)} head repositories named for this model; pick one and Download: its config is "
+                      "checked against the model before the weights come" if models else
+                      "No EAGLE-3 head on the Hub is named for this model; the Train button makes one here")
+        else:
+            self._say(f"{len(models)} repositories found" if models else "Nothing found; try fewer words")
 
     def _repo_selected(self) -> None:
         row = self.results.currentRow()
@@ -193,6 +224,8 @@ class HubDialog(QDialog):
     def download_selected(self) -> None:
         if self.busy or not self.repo:
             return
+        if self.heads_listed and self.model_path:
+            return self.start_install(self.repo, self.model_path)
         try:
             files = expand_selection(self.files, self.selected_paths())
         except HubError as exc:
@@ -202,12 +235,19 @@ class HubDialog(QDialog):
         self.start_download(self.repo, files)
 
     def start_download(self, repo: str, files: list[HubFile]) -> None:
-        self.state = DownloadProgress(files=len(files), total_bytes=sum(f.size for f in files))
-        self._cancel = threading.Event()
-        state, cancel, root, endpoint = self.state, self._cancel, self.root, self.endpoint
-        self._thread = threading.Thread(
-            target=download_files, args=(repo, files, root, state),
-            kwargs={"endpoint": endpoint, "cancel": cancel}, name="specdeck-download", daemon=True)
+        self._start(download_files, (repo, files, self.root),
+                    DownloadProgress(files=len(files), total_bytes=sum(f.size for f in files)))
+
+    def start_install(self, repo: str, model: str) -> None:
+        """Install the head in ``repo`` for ``model`` (its config, checked, then its weights)."""
+        self._start(install_head, (repo, model), DownloadProgress(files=1, total_bytes=0))
+
+    def _start(self, job, args: tuple, state: DownloadProgress) -> None:
+        """Run ``job(*args, state, endpoint=, cancel=)`` on a download thread of its own."""
+        self.state, self._cancel = state, threading.Event()
+        self._thread = threading.Thread(target=job, args=(*args, state),
+                                        kwargs={"endpoint": self.endpoint, "cancel": self._cancel},
+                                        name="specdeck-download", daemon=True)
         self._started = time.monotonic()
         self._thread.start()
         self.download_button.setEnabled(False)
@@ -239,9 +279,13 @@ class HubDialog(QDialog):
         self._timer.stop()
         self.download_button.setEnabled(True)
         self.cancel_button.setEnabled(False)
-        if state.paths:
+        if state.paths and state.result is None:
             self.downloaded.emit(list(state.paths))
-        if state.error:
+        if state.result is not None:
+            self.head_installed.emit(str(state.result))
+            self._say(f"Done: the head from {self.repo} is saved as {state.result.name}; "
+                      "eagle3 and eagle3-native use it for this model")
+        elif state.error:
             self._fail(state.error)
         elif state.cancelled:
             self._say("Cancelled. The part downloaded so far is kept out of the library; Download resumes it.")

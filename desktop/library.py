@@ -99,11 +99,13 @@ class ModelLibrary(QWidget):
     load_requested = Signal(str, int)  # model spec, n_ctx
     load_refused = Signal(str, str)  # row label, why: its file is known to be unreadable
     folders_changed = Signal(list)
+    head_installed = Signal(str)  # a head from the Hub saved for the loaded model
 
     def __init__(self, folders: list[str], parent: QWidget | None = None, *, hub_endpoint: str | None = None) -> None:
         super().__init__(parent)
         self.folders = [f for f in folders if Path(f).is_dir()]
         self.hub_endpoint = hub_endpoint  # None: huggingface.co (tests give a local server)
+        self.loaded_model: str | None = None  # the Hub dialog looks for heads for it
         self.hub: HubDialog | None = None
         self.hardware: HardwareReport | None = None
         self.entries: list[LibraryEntry] = []
@@ -223,6 +225,12 @@ class ModelLibrary(QWidget):
             self.folders_changed.emit(self.folders)
         self.rescan()
 
+    def set_loaded(self, path: str | None) -> None:
+        """The model now loaded, or None."""
+        self.loaded_model = path
+        if self.hub is not None:
+            self.hub.set_model(path)
+
     def open_hub(self) -> HubDialog:
         """One dialog for the app's lifetime: closing it hides it and a download goes on."""
         if self.hub is None:
@@ -230,6 +238,8 @@ class ModelLibrary(QWidget):
 
             self.hub = HubDialog(self.hub_endpoint, parent=self)
             self.hub.downloaded.connect(lambda _paths: self.rescan())
+            self.hub.head_installed.connect(self.head_installed)
+            self.hub.set_model(self.loaded_model)
         self.hub.show()
         self.hub.raise_()
         return self.hub

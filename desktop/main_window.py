@@ -183,6 +183,7 @@ class MainWindow(QMainWindow):
 
         self.library = ModelLibrary(settings_list(self.settings, "library/folders"))
         self.library.load_requested.connect(self.load_model)
+        self.library.head_installed.connect(lambda _path: self.heads_changed.emit())
         self.library.load_refused.connect(lambda name, why: self.show_error(f"{name} cannot be loaded", why))
         self.library.folders_changed.connect(lambda folders: self.settings.setValue("library/folders", folders))
         self.hardware_panel = HardwarePanel()
@@ -358,6 +359,7 @@ class MainWindow(QMainWindow):
         self.model = ready
         self._end_load()
         self.library.refresh_made()  # a row made on first use (a derived variant) now has a file
+        self.library.set_loaded(ready.path)
         self.status_label.setText(self._ready_text(ready))
         self._set_title(ready.name)
         self.charts.set_reference(ready.plain_tok_s)  # this model's measured plain decoding, or no line
@@ -376,6 +378,7 @@ class MainWindow(QMainWindow):
 
     def _on_unloaded(self) -> None:
         self.model = None
+        self.library.set_loaded(None)
         self._end_load()
         self.status_label.setText("No model loaded")
         self._set_title(None)

@@ -113,7 +113,7 @@ class MethodAdvice:
     rejected_drafts: tuple[tuple[str, str], ...]
 
 
-HEAD_NAMES = {"eagle": "an EAGLE", "eagle3": "an EAGLE-3", "medusa": "a Medusa"}  # the Train button's words for a kind of head
+HEAD_NAMES = {"eagle": "an EAGLE", "eagle3": "an EAGLE-3", "medusa": "a Medusa", "mtp": "an MTP"}  # the Train button's words for a kind of head
 
 
 class MethodPanel(QGroupBox):

@@ -113,6 +113,7 @@ class CompareRow:
     near_tie: bool | None = None  # that margin is within this model's measured batch noise (a rounding effect)
     divergence_note: str = ""  # the divergence in words: where, the margin, this model's batch noise
     divergence_position: int | None = None  # the answer's token where it first differs
+    acceptance_by_depth: tuple[float, ...] = ()  # of the guesses at draft depth k, the share accepted
 
 
 @dataclass(frozen=True)
@@ -359,6 +360,7 @@ class Worker(QObject):
             identical=div is None, divergence_margin=None if div is None else div["margin"], text=run.text,
             near_tie=None if div is None else div["near_tie"], divergence_note="" if div is None else div["explained"],
             divergence_position=None if div is None else div["position"],
+            acceptance_by_depth=tuple(a / d for a, d in zip(run.stats.accepted_at, run.stats.drafted_at) if d),
         )
 
     @Slot()

@@ -30,6 +30,9 @@ def test_window_opens_with_the_bundled_model_ready(qtbot, window):
     qtbot.waitUntil(lambda: "GPU backend: " in window.hardware_panel.text.text(), timeout=60_000)  # the same in Hardware
     assert window.chat.input.hasFocus() or window.focusWidget() is window.chat.input
     assert window.error_text() == ""
+    hub = window.library.open_hub()  # the Hub dialog looks for heads for the loaded model
+    assert hub.model_path == window.model.path and hub.heads_button.isEnabled()
+    hub.hide()
 
 
 def test_send_streams_tokens_fills_the_footer_and_the_charts(qtbot, window):
@@ -144,7 +147,8 @@ def test_comparison_runs_ar_and_pld_and_marks_identical_output(qtbot, window):
     rows = {table.item(r, 0).text(): [table.item(r, c).text() for c in range(table.columnCount())] for r in range(table.rowCount())}
     assert set(rows) == {"ar", "pld"}
     assert rows["ar"][2] == "1.00x"
-    assert rows["pld"][6] == "yes" or "near-tie" in rows["pld"][6]
+    assert rows["pld"][-1] == "yes" or "near-tie" in rows["pld"][-1]
+    assert rows["ar"][5] == "-" and all(p.isdigit() for p in rows["pld"][5].split())  # acceptance by depth, in percent
     assert window.compare.panes["pld"].toPlainText().strip()
     assert window.compare.history.count() == 1  # kept, reloadable
     window.compare.history.itemClicked.emit(window.compare.history.item(0))

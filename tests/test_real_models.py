@@ -231,13 +231,13 @@ def test_a_removal_llama_cpp_refuses_raises_instead_of_starting_over(smollm_sess
 
 def test_a_recurrent_model_is_offered_plain_decoding_only_and_told_why(smollm_session, monkeypatch):
     from backends.core.errors import SpecDeckError
-    from backends.core.types import HIDDEN_STATES, LAYER_STATES, ROLLBACK, SEQUENCES, TREE
+    from backends.core.types import HIDDEN_STATES, LAYER_STATES, NATIVE_EAGLE3, ROLLBACK, SEQUENCES, TREE
     from backends.llamacpp.target import LlamaTarget
 
     model = smollm_session.model
     transformer = {TREE, ROLLBACK, HIDDEN_STATES, SEQUENCES}
     assert LlamaTarget.offers == transformer
-    assert smollm_session.target.offers == transformer | {LAYER_STATES}  # a llama graph also hands out layer inputs
+    assert smollm_session.target.offers == transformer | {LAYER_STATES, NATIVE_EAGLE3}  # a llama graph also hands out layer inputs and runs EAGLE-3 heads
     monkeypatch.setitem(model.__dict__, "is_recurrent", True)  # what llama_model_is_recurrent says of Mamba
     recurrent = LlamaTarget(model, n_ctx=256)
     try:

@@ -71,7 +71,7 @@ def _weights(folder: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def _shape(config: dict, target: ModelFingerprint, where: str) -> Eagle3Shape:
+def head_shape(config: dict, target: ModelFingerprint, where: str) -> Eagle3Shape:
     """The head's shape from its config, checked against the target it is read for."""
     try:
         d, n_head = int(config["hidden_size"]), int(config["num_attention_heads"])
@@ -102,7 +102,7 @@ def read_published_eagle3(folder: str | os.PathLike, target_gguf: str | os.PathL
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise ModelFileError(f"{folder / 'config.json'} cannot be read ({exc})") from None
-    shape = _shape(config, target, str(folder))
+    shape = head_shape(config, target, str(folder))
     weights = _weights(folder)
     tensors: dict[str, np.ndarray] = {}
     for theirs, ours in NAMES.items():

@@ -336,6 +336,7 @@ class DownloadProgress:
     error: str | None = None
     cancelled: bool = False
     paths: tuple[Path, ...] = ()
+    result: Path | None = None  # what the job made of the files, when it makes something (a head)
 
 
 def download_files(repo_id: str, files: list[HubFile], root: Path, state: DownloadProgress, *,
@@ -346,24 +347,39 @@ def download_files(repo_id: str, files: list[HubFile], root: Path, state: Downlo
     Meant to run on its own thread: whatever goes wrong ends up in ``state.error`` (a cancel in
     ``state.cancelled``) with the files finished so far kept in ``state.paths``.
     """
-    finished_bytes = 0
+    with reporting(state, repo_id):
+        fetch_files(repo_id, files, root, state, revision=revision, endpoint=endpoint, cancel=cancel)
+
+
+@contextmanager
+def reporting(state: DownloadProgress, what: str) -> Iterator[None]:
+    """Run a download thread's work so that it ends in ``state`` (finished, with an error or a
+    cancel), never in an exception nobody sees."""
     try:
-        for i, file in enumerate(files):
-            state.file_index, state.current = i, file.path
-
-            def report(stage: str, done: int, total: int | None, base: int = finished_bytes,
-                       size: int = file.size) -> None:
-                state.stage, state.done_bytes = stage, base + min(done, size)
-
-            path = download_file(repo_id, file.path, root, revision=revision, endpoint=endpoint,
-                                 progress=report, cancel=cancel)
-            finished_bytes += file.size
-            state.done_bytes, state.paths = finished_bytes, (*state.paths, path)
+        yield
     except Cancelled:
         state.cancelled = True
     except SpecDeckError as exc:
         state.error = str(exc)
     except Exception as exc:  # noqa: BLE001 - a download thread must report, not die silently
-        state.error = f"{repo_id}: download failed: {exc or type(exc).__name__}"
+        state.error = f"{what}: download failed: {exc or type(exc).__name__}"
     finally:
         state.finished = True
+
+
+def fetch_files(repo_id: str, files: list[HubFile], root: Path, state: DownloadProgress, *,
+                revision: str | None = None, endpoint: str | None = None,
+                cancel: threading.Event | None = None) -> None:
+    """Download ``files`` into ``root``, adding to ``state``'s counts (so that one job may fetch in
+    several rounds, as a head does: its config first, then its weights); raises on failure."""
+    for file in files:
+        state.file_index, state.current = len(state.paths), file.path
+
+        def report(stage: str, done: int, total: int | None, base: int = state.done_bytes,
+                   size: int = file.size) -> None:
+            state.stage, state.done_bytes = stage, base + min(done, size)
+
+        base = state.done_bytes
+        path = download_file(repo_id, file.path, root, revision=revision, endpoint=endpoint,
+                             progress=report, cancel=cancel)
+        state.done_bytes, state.paths = base + file.size, (*state.paths, path)
