@@ -13,7 +13,10 @@ What it measures, all in this process, on the GPU module that passed its probe
    near-tie may flip; a wide margin would be a bug);
 4. the verify-cost curve on the GPU (one forward of k drafted tokens relative to one token);
 5. `specdeck bench` for ar, pld and draft on the GPU (tokens/s, speedup, J/token from NVML power),
-   and `ar` on the CPU for the GPU/CPU ratio.
+   and `ar` on the CPU for the GPU/CPU ratio;
+6. with ``--mtp-model FILE.gguf`` (a model with next-n layers: DeepSeek-V3, GLM-4.5, MiMo, or
+   the tiny one tests/mtp_model.py writes), ``ar`` against ``mtp`` on the GPU: tokens/s, tau and
+   the acceptance at each draft depth, and whether greedy output stayed identical.
 
 It exits with 2 and says why when no GPU backend runs here. It downloads nothing.
 """
@@ -40,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-category", type=int, default=2, help="Spec-Bench prompts per category (6 categories)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=Path, default=None, help="Spec-Bench question.jsonl (default: ../shared)")
+    p.add_argument("--mtp-model", type=Path, default=None, help="a GGUF with next-n (MTP) layers: ar vs mtp")
     p.add_argument("--out", type=Path, default=Path("gpu-check.md"))
     args = p.parse_args(argv)
 
@@ -52,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# SpecDeck GPU check, {time.strftime('%Y-%m-%d')}", "", f"Backend: {running.why}", ""]
     lines += vram_and_output(args)
     lines += speeds(args)
+    if args.mtp_model is not None:
+        lines += native_mtp(args)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
@@ -135,6 +141,23 @@ def speeds(args) -> list[str]:
     out += ["", f"ar on the CPU: {cpu_ar:.1f} tok/s; ar on the GPU / ar on the CPU: {gpu_ar / cpu_ar:.2f}x", "",
             "Verify costs on the GPU, as the bench measured them: "
             + json.dumps({c: [round(x, 2) for x in v[:17]] for c, v in on_gpu["meta"]["verify_costs"].items()})]
+    return out
+
+
+def native_mtp(args) -> list[str]:
+    """`specdeck bench` of ar and mtp on the model with next-n layers, on the GPU."""
+    from backends.bench import BenchConfig, run_bench
+
+    result = run_bench(BenchConfig(methods=("ar", "mtp"), model=str(args.mtp_model), per_category=args.per_category,
+                                   max_new_tokens=args.max_new_tokens, prompts=args.prompts),
+                       out=io.StringIO(), progress=sys.stderr)
+    out = ["", f"## Native MTP: {args.mtp_model.name}", "",
+           "| method (GPU) | tok/s | speedup over ar | tau | acceptance by depth | identical to ar |", "|---|---|---|---|---|---|"]
+    for method, cats in result["summary"].items():
+        g = cats["overall"]
+        depths = " ".join("-" if a is None else f"{a:.0%}" for a in g.get("acceptance_by_position", [])[:4]) or "-"
+        out.append(f"| {method} | {g['decode_tok_s']:.1f} | {g['speedup']:.2f}x | {g['tau']:.2f} | {depths} | "
+                   f"{g['exact_match_rate']:.0%} of prompts |")
     return out
 
 

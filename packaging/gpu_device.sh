@@ -58,8 +58,12 @@ run() {
     "$py" packaging/random_gguf.py --vocab "$PACK/vocab.gguf" --shape 1b --out /tmp/random-1b.gguf --seed 1
     export SPECDECK_PROBE_MODEL=/tmp/random-1b.gguf  # the probes' model: the bundled one is not there
     "$py" -m backends.cli hw | tee "$out/hw.txt"
+    # the tests' tiny model with a next-n block whose every guess is right: MTP's GPU path, end to end
+    "$py" -c "import sys; from pathlib import Path; from tests.mtp_model import write_mtp_gguf; \
+write_mtp_gguf(Path('/tmp/mtp-tiny.gguf'), Path(sys.argv[1]), copy=True, context=4096)" "$PACK/vocab.gguf"
     "$py" packaging/gpu_check.py --model /tmp/random-8b.gguf --draft-model /tmp/random-1b.gguf \
-        --prompts "$PACK/question.jsonl" --per-category 1 --max-new-tokens 64 --out "$out/gpu-check.md"
+        --prompts "$PACK/question.jsonl" --per-category 1 --max-new-tokens 64 --mtp-model /tmp/mtp-tiny.gguf \
+        --out "$out/gpu-check.md"
 }
 
 case "$CMD" in

@@ -40,8 +40,9 @@ def _tokenizer(source: Path) -> dict[str, list]:
 
 
 def write_mtp_gguf(path: Path, tokenizer_source: Path, *, copy: bool = False, seed: int = 0,
-                   nextn: int = NEXTN) -> Path:
-    """Write the tiny model to ``path`` (``nextn=0``: the same trunk without a next-n block)."""
+                   nextn: int = NEXTN, context: int = 512) -> Path:
+    """Write the tiny model to ``path`` (``nextn=0``: the same trunk without a next-n block;
+    ``context``: its trained context, 4096 for Spec-Bench's longest questions)."""
     import gguf
 
     tok = _tokenizer(tokenizer_source)
@@ -59,7 +60,7 @@ def write_mtp_gguf(path: Path, tokenizer_source: Path, *, copy: bool = False, se
 
     w = gguf.GGUFWriter(str(path), "hy_v3")
     w.add_name("tiny-mtp")
-    w.add_context_length(512)
+    w.add_context_length(context)
     w.add_embedding_length(E)
     w.add_block_count(TRUNK + nextn)
     if nextn:
