@@ -83,6 +83,7 @@ def test_heads_for_the_model_are_found_checked_before_their_weights_and_kept(hea
     for name, value in head.tensors.items():
         assert np.array_equal(kept.tensors[name], value), name
     assert kept.training["hub"] == FITS
+    assert not list((user / "cache").rglob("*.safetensors"))  # the download is not kept twice
 
     hubs.requests.clear()
     refused = DownloadProgress(files=1, total_bytes=0)

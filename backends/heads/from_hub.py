@@ -11,7 +11,8 @@ layers: ``published.head_shape``), so a head for another model is refused, with 
 before hundreds of megabytes of weights are downloaded; then the safetensors weights (pickles
 are never fetched), read into a SpecDeck head (``read_published_eagle3``) and saved among the
 user's heads, named after the model and the repository, where ``find_heads`` finds it for the
-``eagle3`` and ``eagle3-native`` methods like a head trained here.
+``eagle3`` and ``eagle3-native`` methods like a head trained here (the downloaded files are then
+deleted: the kept head holds the weights).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 from pathlib import Path, PurePosixPath
 
@@ -118,6 +120,7 @@ def install_head(repo_id: str, model: str | os.PathLike, state: DownloadProgress
         head = read_published_eagle3(folder, model)
         head.training["hub"] = repo_id
         state.result = head.save(saved_stem(model, repo_id))
+        shutil.rmtree(folder, ignore_errors=True)  # the kept head holds its weights; do not keep them twice
 
 
 def saved_stem(model: str | os.PathLike, repo_id: str) -> Path:
