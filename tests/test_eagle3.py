@@ -177,9 +177,14 @@ def test_a_model_whose_graph_keeps_no_layer_inputs_is_refused(gemma_path):
         target.close()
 
 
-def test_eagle3_without_a_head_is_refused_with_the_command_that_makes_one(smollm_session):
-    with pytest.raises(SpecDeckError, match="specdeck train eagle3"):
-        smollm_session.drafter("eagle3", SamplingSettings())
+def test_eagle3_without_a_head_is_refused_with_the_command_that_makes_one(smollm_session, monkeypatch, tmp_path):
+    monkeypatch.setattr("backends.heads.files.SHIPPED", tmp_path)  # as if SpecDeck shipped no head for SmolLM2
+    smollm_session.forget_heads()
+    try:
+        with pytest.raises(SpecDeckError, match="specdeck train eagle3"):
+            smollm_session.drafter("eagle3", SamplingSettings())
+    finally:
+        smollm_session.forget_heads()
 
 
 def trained_twin(seed: int = 0):
