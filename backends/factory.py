@@ -53,6 +53,68 @@ ANSWER_ROOM = 256  # tokens a conversation's prompt leaves free for the answer (
 
 
 @dataclass(frozen=True)
+class Backend:
+    """One way to run the target model, in the backend registry (``BACKENDS``).
+
+    ``open(session, progress)`` builds the session's ``Target``; ``loads_weights`` says whether
+    llama.cpp loads the model's weights (else it loads only the GGUF's tokenizer and chat
+    template, and the backend reads the weights itself); ``placement(session)`` says where the
+    target runs, in words. What a backend can do (trees, hidden states, its limits) its target
+    declares in ``offers`` and ``limits``: nothing here names a capability.
+    """
+
+    name: str
+    label: str
+    open: Callable[["Session", Callable[[float], bool] | None], Any]
+    loads_weights: bool
+    placement: Callable[["Session"], str]
+    runtime: Callable[["Session"], tuple] = lambda session: ()  # what keys its measurements besides the file
+
+
+def _open_llamacpp(session: "Session", progress: Callable[[float], bool] | None) -> LlamaTarget:
+    return session._context(session.model)
+
+
+def _open_torch(session: "Session", progress: Callable[[float], bool] | None):
+    from backends.pytorch.loader import open_torch_target
+
+    model, config = session.model, session.config
+    return open_torch_target(model.path, token_piece=model.token_piece, eog_ids=model.eog_ids, n_ctx=config.n_ctx,
+                             n_threads=config.n_threads, dtype=config.dtype, name=model.name, progress=progress)
+
+
+def _llamacpp_placement(session: "Session") -> str:
+    gpu = gpu_runtime()
+    total = session.model.n_layer + 1  # the blocks and the output layer, as llama.cpp counts them
+    ngl = min(session.config.n_gpu_layers, total)
+    if gpu is None or gpu.backend is None or ngl <= 0:
+        return "CPU"
+    device = f"GPU ({LABELS[gpu.backend]}, {gpu.devices[0].description})" if gpu.devices else f"GPU ({gpu.backend})"
+    return device if ngl >= total else f"{ngl} of {total} layers on {device}, the rest on CPU"
+
+
+def _torch_placement(session: "Session") -> str:
+    return session.target.placement
+
+
+def _torch_runtime(session: "Session") -> tuple:
+    return ("torch", *session.target.runtime)
+
+
+BACKENDS: dict[str, Backend] = {
+    "llamacpp": Backend("llamacpp", "llama.cpp", _open_llamacpp, True, _llamacpp_placement),
+    "torch": Backend("torch", "PyTorch", _open_torch, False, _torch_placement, _torch_runtime),
+}
+
+
+def backend_named(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise SpecDeckError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})") from None
+
+
+@dataclass(frozen=True)
 class FittedPrompt:
     """A conversation's prompt and the oldest messages left out of it to fit the context."""
 
@@ -70,6 +132,8 @@ class SessionConfig:
     n_gpu_layers: int = AUTO  # AUTO: what the fit estimator places on the running GPU backend (none: 0)
     flash_attn: str = "auto"
     heads: tuple[str, ...] = ()  # trained head files to use (else those found for the model)
+    backend: str = "llamacpp"  # which entry of BACKENDS runs the target
+    dtype: str = "auto"  # the torch backend's precision (backends.pytorch.loader.DTYPES)
 
 
 
@@ -78,14 +142,19 @@ class Session:
 
     def __init__(self, config: SessionConfig, *, progress: Callable[[float], bool] | None = None) -> None:
         """``progress`` sees the target's load progress (0..1) and may return False to cancel it."""
+        self.backend = backend_named(config.backend)
         path = resolve_model(config.model)
         draft_path = resolve_model(config.draft_model) if config.draft_model else None
-        ngl, self.offload = resolve_gpu_layers(config.n_gpu_layers, path, n_ctx=config.n_ctx, draft=draft_path)
+        if self.backend.loads_weights:
+            ngl, self.offload = resolve_gpu_layers(config.n_gpu_layers, path, n_ctx=config.n_ctx, draft=draft_path)
+        else:
+            ngl, self.offload = 0, None
         self.config = config = replace(config, n_gpu_layers=ngl)
         # The estimator puts a draft on the GPU only beside a fully offloaded target.
         self._draft_gpu_layers = ngl if self.offload is None else (
             MAX_LAYERS if self.offload.gpu_layers >= self.offload.total_layers else 0)
-        self.model = LlamaModel(path, n_gpu_layers=ngl, progress=progress)
+        loads = self.backend.loads_weights
+        self.model = LlamaModel(path, n_gpu_layers=ngl, progress=progress if loads else None, vocab_only=not loads)
         self.draft_model: LlamaModel | None = None
         self.draft_target: LlamaTarget | None = None
         self._costs: CostModel | None = None
@@ -95,7 +164,7 @@ class Session:
         self._path = path
         self._heads: dict[tuple[str, str], HeadFile] = {}
         try:
-            self.target = self._context(self.model)
+            self.target = self.backend.open(self, None if loads else progress)
             if config.draft_model:
                 self._load_draft(config.draft_model)
         except BaseException:
@@ -136,13 +205,7 @@ class Session:
     def placement(self) -> str:
         """Where the target runs, in words: "CPU", "GPU (Vulkan, llvmpipe ...)" or "12 of 31 layers on
         GPU (CUDA, NVIDIA GeForce RTX 3060), the rest on CPU"; what the status bar and the CLI say."""
-        gpu = gpu_runtime()
-        total = self.model.n_layer + 1  # the blocks and the output layer, as llama.cpp counts them
-        ngl = min(self.config.n_gpu_layers, total)
-        if gpu is None or gpu.backend is None or ngl <= 0:
-            return "CPU"
-        device = f"GPU ({LABELS[gpu.backend]}, {gpu.devices[0].description})" if gpu.devices else f"GPU ({gpu.backend})"
-        return device if ngl >= total else f"{ngl} of {total} layers on {device}, the rest on CPU"
+        return self.backend.placement(self)
 
     # -- capabilities and costs ----------------------------------------------------------------
     @property
@@ -213,7 +276,8 @@ class Session:
         return self._draft_costs
 
     def _cost_file(self, target: LlamaTarget, model: LlamaModel) -> Path:
-        return cost_curve_file(model.path, target.n_threads, self.config.n_gpu_layers, self.config.flash_attn)
+        runtime = self.backend.runtime(self) if target is self.target else ()
+        return cost_curve_file(model.path, target.n_threads, self.config.n_gpu_layers, self.config.flash_attn, *runtime)
 
     def _cached_curves(self, target: LlamaTarget, model: LlamaModel) -> dict[int, list[float]]:
         file = self._cost_file(target, model)
@@ -349,7 +413,8 @@ class Session:
         Leaves the target's cache empty."""
         if self._noise is None:
             file = measurement_file("noise", self.model.path, self.target.n_threads, self.config.n_gpu_layers,
-                                    self.config.flash_attn, NOISE_DEPTH, NOISE_LONG, "chain+tree")
+                                    self.config.flash_attn, NOISE_DEPTH, NOISE_LONG, "chain+tree",
+                                    *self.backend.runtime(self))
             try:
                 self._noise = BatchNoise(**json.loads(file.read_text()))
             except (OSError, ValueError, TypeError):

@@ -19,9 +19,11 @@ COST_CURVE_LENGTH = 64  # largest draft (tree nodes) the measured cost curve cov
 LONG_CONTEXT = 512  # the first prompt at least this long (tokens) has the curve measured at its length too
 
 
-def cost_curve_file(model: str | os.PathLike, n_threads: int, n_gpu_layers: int, flash_attn: str) -> Path:
+def cost_curve_file(model: str | os.PathLike, n_threads: int, n_gpu_layers: int, flash_attn: str,
+                    *runtime: object) -> Path:
+    """``runtime``: what else changes the costs (another backend than llama.cpp, its precision)."""
     return measurement_file("costs", model, n_threads, n_gpu_layers, flash_attn,
-                            COST_CURVE_LENGTH, LONG_CONTEXT, "short-then-first-long")
+                            COST_CURVE_LENGTH, LONG_CONTEXT, "short-then-first-long", *runtime)
 
 
 def measurement_file(kind: str, model: str | os.PathLike, n_threads: int, n_gpu_layers: int, flash_attn: str,

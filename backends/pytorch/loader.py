@@ -1,0 +1,86 @@
+"""Opening a model on the PyTorch backend: where it runs, in which precision, and its target.
+
+Precision: ``auto`` is bfloat16 on a CUDA GPU that supports it (float16 otherwise), and float32
+on the CPU unless the CPU multiplies bfloat16 natively: without AVX512-BF16 or AMX, torch
+converts bfloat16 to float32 around every matmul and bf16 runs slower than fp32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from backends.core.errors import BackendError, ModelFileError
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require_torch():
+    try:
+        import torch
+    except ImportError:
+        raise BackendError("the PyTorch backend needs torch: pip install 'specdeck[torch]' "
+                           "(or pip install torch)") from None
+    return torch
+
+
+def device_and_dtype(dtype: str = "auto", device: str = "auto"):
+    """(torch device, torch dtype) for a model: a CUDA GPU when torch sees one, else the CPU."""
+    torch = require_torch()
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dtype != "auto":
+        return dev, getattr(torch, dtype)
+    if dev.type == "cuda":
+        return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return dev, torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16), as torch uses it."""
+    torch = require_torch()
+    try:
+        return bool(torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")) or _cpuinfo_bf16()
+    except AttributeError:
+        return _cpuinfo_bf16()
+
+
+def _cpuinfo_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
+    except (OSError, IndexError):
+        return False
+    return "avx512_bf16" in flags
+
+
+def open_torch_target(path: str | Path, *, token_piece: Callable[[int], bytes], eog_ids: frozenset[int],
+                      n_ctx: int, n_threads: int | None = None, dtype: str = "auto", device: str = "auto",
+                      name: str = "model", progress: Callable[[float], bool] | None = None):
+    """The ``TorchTarget`` for a GGUF or a Hugging Face folder; weights load once per process."""
+    torch = require_torch()
+    from backends.pytorch.model import Transformer
+    from backends.pytorch.target import TorchTarget
+    from backends.pytorch.weights import load_weights
+
+    if n_threads:
+        torch.set_num_threads(n_threads)
+    dev, dt = device_and_dtype(dtype, device)
+    shape, weights = load_weights(path, progress=progress)
+    if shape.n_ctx_train:
+        n_ctx = min(n_ctx, shape.n_ctx_train)
+    try:
+        model = Transformer(shape, weights, dtype=dt, device=dev)
+    except RuntimeError as exc:  # out of memory on the device
+        raise ModelFileError(f"{Path(path).name} does not fit on {dev} as {dt}: {exc}") from None
+    return TorchTarget(model, token_piece=token_piece, eog_ids=eog_ids, n_ctx=n_ctx, name=name)

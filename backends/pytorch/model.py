@@ -1,0 +1,173 @@
+"""SpecDeck's own small decoder-only transformer in PyTorch (gpt-fast style): explicit positions, a
+static KV cache owned by the caller, any attention mask (token trees), the inputs of any layer,
+and a ``layers`` argument that runs a subset of the blocks (self-speculative decoding).
+
+One forward takes ``n`` new tokens that go into cache slots ``start .. start + n - 1`` and attend
+to slots ``0 .. start + n - 1`` through ``mask`` [n, start + n]. Slots are not positions: a tree's
+siblings sit in consecutive slots at the same position, and after a verify the target moves the
+accepted slots together (``KVCache.compact``). The rotary angle comes from ``positions``, and a
+sliding-window layer also hides keys more than its window behind the query (``key_positions``).
+
+Arithmetic follows the Hugging Face reference of each family (norms in float32, then the model's
+dtype), so that fp32 logits match transformers' within rounding (tests/test_torch_backend.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from backends.core.types import FINAL_STATE
+from backends.pytorch.shape import TorchShape
+
+
+@dataclass
+class KVCache:
+    """Keys and values of every layer for ``n_ctx`` slots: [n_layer, n_kv, n_ctx, head_dim] each."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor  # [n_ctx] int64, the position of the token in each slot
+
+    @classmethod
+    def empty(cls, shape: TorchShape, n_ctx: int, *, dtype: torch.dtype, device: torch.device) -> KVCache:
+        size = (shape.n_layer, shape.n_kv, n_ctx, shape.head_dim)
+        return cls(torch.zeros(size, dtype=dtype, device=device), torch.zeros(size, dtype=dtype, device=device),
+                   torch.zeros(n_ctx, dtype=torch.long, device=device))
+
+    @property
+    def n_ctx(self) -> int:
+        return self.k.shape[2]
+
+    def compact(self, start: int, kept: torch.Tensor) -> None:
+        """Move slots ``kept`` (ascending, all >= ``start``) to ``start, start + 1, ...``: the accepted
+        path of a tree. Slots after them keep stale values that the next forward overwrites."""
+        n = len(kept)
+        if n and not bool((kept == torch.arange(start, start + n, device=kept.device)).all()):
+            self.k[:, :, start : start + n] = self.k[:, :, kept]
+            self.v[:, :, start : start + n] = self.v[:, :, kept]
+            self.positions[start : start + n] = self.positions[kept]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool) -> torch.Tensor:
+    """RMS norm in float32; llama casts back before the weight, gemma after (as their references)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if gemma:
+        return (h * weight.float()).to(x.dtype)
+    return weight * h.to(x.dtype)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate halves ("neox" order): x [heads, n, hd], cos/sin [n, hd / 2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Transformer:
+    """The forward pass over canonical weights (``backends.pytorch.weights``); holds no cache."""
+
+    def __init__(self, shape: TorchShape, weights: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self.device = torch.device(device)
+        norm_dtype = torch.float32 if shape.gemma else dtype  # gemma's norms multiply in float32
+        self.w = {k: v.to(device=self.device, dtype=norm_dtype if k.endswith("norm") else dtype).contiguous()
+                  for k, v in weights.items()}
+        self.w.setdefault("output", self.w["embed"])
+        self._inv_freq = {theta: self._frequencies(theta) for theta in {shape.theta(i) for i in range(shape.n_layer)}}
+
+    def _frequencies(self, theta: float) -> torch.Tensor:
+        hd = self.shape.head_dim
+        return 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=self.device) / hd))  # [hd / 2]
+
+    def new_cache(self, n_ctx: int) -> KVCache:
+        return KVCache.empty(self.shape, n_ctx, dtype=self.dtype, device=self.device)
+
+    def _angles(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.shape
+        scale = s.rope_linear if not s.window(layer) else 1.0
+        freqs = positions.float()[:, None] / scale * self._inv_freq[s.theta(layer)][None, :]  # [n, hd / 2]
+        return freqs.cos().to(self.dtype), freqs.sin().to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *, start: int,
+                mask: torch.Tensor, layers: Sequence[int] | None = None, logits_rows: torch.Tensor | None = None,
+                states: Sequence[int] = ()) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Run ``tokens`` [n] at ``positions`` [n] into cache slots ``start ..``; returns (logits of
+        ``logits_rows`` (all rows when None; an empty tensor: none) [rows, vocab] float32, the states
+        ``states`` side by side [n, len(states) d] float32 or None). ``layers``: the blocks to run
+        (all by default); a skipped block leaves its cache slots as they were. ``mask`` [n, start + n]
+        bool: True where a row may attend to a slot."""
+        s, w = self.shape, self.w
+        n = len(tokens)
+        cache.positions[start : start + n] = positions
+        keys = cache.positions[: start + n]
+        x = F.embedding(tokens, w["embed"])  # [n, d]
+        if s.gemma:
+            x = x * torch.tensor(s.embed_scale, dtype=self.dtype)
+        taken: dict[int, torch.Tensor] = {}
+        masks: dict[int, torch.Tensor] = {}
+        for i in range(s.n_layer) if layers is None else layers:
+            if i in states:
+                taken[i] = x.float()
+            window = s.window(i)
+            if window not in masks:
+                masks[window] = mask if not window else mask & (positions[:, None] - keys[None, :] < window)
+            x = self._block(i, x, positions, cache, start=start, mask=masks[window])
+        x = rms_norm(x, w["norm"], s.norm_eps, gemma=s.gemma)
+        if FINAL_STATE in states:
+            taken[FINAL_STATE] = x.float()
+        out = None
+        if logits_rows is None or len(logits_rows):
+            rows = x if logits_rows is None else x[logits_rows]
+            out = (rows @ w["output"].T).float()  # [rows, vocab]
+        hidden = torch.cat([taken[il] for il in states], dim=1) if states else None
+        return out, hidden
+
+    def _block(self, i: int, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, *, start: int,
+               mask: torch.Tensor) -> torch.Tensor:
+        s, w = self.shape, self.w
+        h = rms_norm(x, w[f"{i}.attn_norm"], s.norm_eps, gemma=s.gemma)
+        h = self._attention(i, h, positions, cache, start=start, mask=mask)
+        if s.gemma:
+            h = rms_norm(h, w[f"{i}.post_attn_norm"], s.norm_eps, gemma=True)
+        x = x + h
+        h = rms_norm(x, w[f"{i}.ffn_norm"], s.norm_eps, gemma=s.gemma)
+        gate = h @ w[f"{i}.w_gate"].T
+        gate = F.gelu(gate, approximate="tanh") if s.gemma else F.silu(gate)
+        h = (gate * (h @ w[f"{i}.w_up"].T)) @ w[f"{i}.w_down"].T
+        if s.gemma:
+            h = rms_norm(h, w[f"{i}.post_ffn_norm"], s.norm_eps, gemma=True)
+        return x + h
+
+    def _project(self, i: int, h: torch.Tensor, which: str, heads: int) -> torch.Tensor:
+        """q, k or v of ``h`` [n, d] as [heads, n, hd], with the bias and per-head norm the file has."""
+        w = self.w
+        y = h @ w[f"{i}.w{which}"].T
+        bias = w.get(f"{i}.b{which}")
+        if bias is not None:
+            y = y + bias
+        y = y.view(len(h), heads, self.shape.head_dim)
+        norm = w.get(f"{i}.{which}_norm")
+        if norm is not None:
+            y = rms_norm(y, norm, self.shape.norm_eps, gemma=self.shape.gemma)
+        return y.transpose(0, 1)
+
+    def _attention(self, i: int, h: torch.Tensor, positions: torch.Tensor, cache: KVCache, *, start: int,
+                   mask: torch.Tensor) -> torch.Tensor:
+        s = self.shape
+        n = len(h)
+        cos, sin = self._angles(i, positions)
+        q = rotary(self._project(i, h, "q", s.n_head), cos, sin)  # [H, n, hd]
+        k = rotary(self._project(i, h, "k", s.n_kv), cos, sin)  # [Hkv, n, hd]
+        cache.k[i, :, start : start + n] = k
+        cache.v[i, :, start : start + n] = self._project(i, h, "v", s.n_kv)
+        keys, values = cache.k[i, :, : start + n], cache.v[i, :, : start + n]  # [Hkv, start + n, hd]
+        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask[None, None],
+                                             scale=s.scale, enable_gqa=s.n_kv != s.n_head)  # [1, H, n, hd]
+        return out[0].transpose(0, 1).reshape(n, s.n_head * s.head_dim) @ self.w[f"{i}.wo"].T

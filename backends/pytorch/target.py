@@ -1,0 +1,237 @@
+"""The PyTorch target: the engine's ``Target`` over SpecDeck's own torch model.
+
+KV layout. A static cache of ``n_ctx`` slots (``backends.pytorch.model.KVCache``). Committed tokens
+fill slots ``0 .. n_past - 1``; a verify writes the root and the proposal into the slots after
+them, every node at position ``n_past + depth``, and attends through an explicit mask: the whole
+prefix, then the tree's ancestor mask (``compile_tree``). Commit moves the accepted path's slots
+down to follow the root (``compact``) and forgets the rest by counting: a later forward overwrites
+them. Rollback is exact by construction, nothing is ever recomputed.
+
+Logits. A forward's logits are a fresh float32 tensor; on the CPU ``.numpy()`` shares its memory,
+so the output owns its array and nothing is copied ([n_nodes, vocab]).
+
+Hidden states. torch hands out the input of any layer and the final normed state for free (they
+are intermediate tensors of the forward), so the target offers ``LAYER_STATES`` for every family
+it runs, and keeps the states of cached positions as the llama.cpp target does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from backends.core.errors import BackendError, Cancelled
+from backends.core.tree import compile_tree
+from backends.core.types import (FINAL_STATE, HIDDEN_STATES, LAYER_STATES, NO_LIMIT, ROLLBACK, TREE, Proposal,
+                                 TargetLimits, TargetOutput, Verdict)
+from backends.pytorch.model import Transformer
+
+NONE = torch.zeros(0, dtype=torch.long)  # logits_rows asking for no logits
+
+
+class TorchTarget:
+    """One KV cache over a loaded ``Transformer``; implements the engine's target protocol."""
+
+    offers = frozenset({TREE, ROLLBACK, HIDDEN_STATES, LAYER_STATES})
+
+    def __init__(self, model: Transformer, *, token_piece: Callable[[int], bytes], eog_ids: frozenset[int],
+                 n_ctx: int = 4096, n_batch: int = 512, name: str = "model") -> None:
+        if n_ctx < 16:
+            raise ValueError(f"n_ctx must be at least 16, got {n_ctx}")
+        self.model = model
+        self.name = name
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.n_vocab = model.shape.n_vocab
+        self.eog_ids = eog_ids
+        self.token_piece = token_piece
+        self.limits = TargetLimits(max_batch=n_batch, max_paths=NO_LIMIT)
+        self.cache = model.new_cache(n_ctx)
+        self.n_threads = torch.get_num_threads()
+        self._tokens: list[int] = []  # what the cache holds, slot by slot
+        self._pending: tuple[int, list[int]] | None = None  # the last verify's root and nodes
+        self._layers: tuple[int, ...] = (FINAL_STATE,)  # which states the forwards hand out
+        self._keep_hidden = False
+        self._states: np.ndarray | None = None  # [n_ctx, hidden_size] float32, the cached positions' states
+        self._states_from = self._n_states = 0
+        self._last_hidden: np.ndarray | None = None  # [1 + n_nodes, hidden_size] of the last verify
+
+    @property
+    def placement(self) -> str:
+        """Where it runs, in words (the status bar, the CLI): "CPU (PyTorch, float32)"."""
+        dtype = str(self.model.dtype).removeprefix("torch.")
+        if self.model.device.type == "cuda":
+            return f"GPU (PyTorch CUDA, {torch.cuda.get_device_name(self.model.device)}, {dtype})"
+        return f"CPU (PyTorch, {dtype})"
+
+    @property
+    def runtime(self) -> tuple[str, ...]:
+        """What changes its speed and rounding besides the weights: cost curves are kept per runtime."""
+        return (str(self.model.dtype), str(self.model.device), torch.__version__)
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self._layers) * self.model.shape.d
+
+    # -- KV cache ------------------------------------------------------------------------------
+    @property
+    def n_past(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def cached_tokens(self) -> tuple[int, ...]:
+        return tuple(self._tokens)
+
+    def reset(self) -> None:
+        self._tokens = []
+        self._pending = None
+        self._states_from = self._n_states = 0
+
+    def truncate(self, n: int) -> None:
+        """Forget positions ``n`` and later (their slots are overwritten by the next forward)."""
+        if n < len(self._tokens):
+            del self._tokens[n:]
+            self._n_states = min(self._n_states, n)
+            self._states_from = min(self._states_from, self._n_states)
+
+    # -- forwards ------------------------------------------------------------------------------
+    def _forward(self, tokens: Sequence[int], depths: np.ndarray, tree_mask: np.ndarray, *,
+                 logits_rows: torch.Tensor | None) -> tuple[torch.Tensor | None, np.ndarray | None]:
+        """Tokens into the slots after the cache at positions ``n_past + depths``, attending to the
+        whole cache and, among themselves, through ``tree_mask`` [n, n]."""
+        start, n = self.n_past, len(tokens)
+        mask = torch.ones((n, start + n), dtype=torch.bool)
+        mask[:, start:] = torch.from_numpy(tree_mask)
+        states = self._layers if self._keep_hidden else ()
+        logits, hidden = self.model.forward(
+            torch.tensor(tokens, dtype=torch.long), torch.from_numpy(start + depths.astype(np.int64)), self.cache,
+            start=start, mask=mask.to(self.model.device), logits_rows=logits_rows, states=states)
+        return logits, None if hidden is None else hidden.cpu().numpy()
+
+    def _chain(self, tokens: Sequence[int], *, last_logits: bool) -> torch.Tensor | None:
+        """Append a straight run of tokens; the last one's logits when asked."""
+        n = len(tokens)
+        rows = torch.tensor([n - 1]) if last_logits else NONE
+        logits, hidden = self._forward(tokens, np.arange(n), np.tril(np.ones((n, n), dtype=bool)), logits_rows=rows)
+        if hidden is not None:
+            self._store_states(self.n_past, hidden)
+        self._tokens.extend(int(t) for t in tokens)
+        return logits
+
+    def _run(self, tokens: list[int], *, last_logits: bool, stop: Callable[[], bool] | None = None,
+             hidden_from: int = 0) -> torch.Tensor | None:
+        """Append ``tokens`` ``n_batch`` at a time (split where kept states begin)."""
+        logits, done = None, 0
+        while done < len(tokens):
+            if stop is not None and stop():
+                raise Cancelled(f"stopped after {done} of {len(tokens)} prompt tokens")
+            size = min(self.n_batch, len(tokens) - done)
+            if self._keep_hidden and self.n_past < hidden_from:
+                size = min(size, hidden_from - self.n_past)
+            keep, self._keep_hidden = self._keep_hidden, self._keep_hidden and self.n_past >= hidden_from
+            try:
+                logits = self._chain(tokens[done : done + size], last_logits=last_logits and done + size == len(tokens))
+            finally:
+                self._keep_hidden = keep
+            done += size
+        return logits
+
+    def prefill(self, tokens: Sequence[int], *, stop: Callable[[], bool] | None = None,
+                hidden: bool = False, hidden_from: int = 0, layers: tuple[int, ...] = ()) -> int:
+        """Bring the cache to exactly ``tokens``, reusing the common prefix; returns the reused count
+        (see ``Target.prefill``)."""
+        tokens = [int(t) for t in tokens]
+        if len(tokens) > self.n_ctx:
+            raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
+        if hidden:
+            self._choose_layers(tuple(layers) or (FINAL_STATE,))
+            if self._states is None:
+                self._states = np.zeros((self.n_ctx, self.hidden_size), dtype=np.float32)
+        self._keep_hidden = hidden
+        self._pending = None
+        limit = min(len(tokens), len(self._tokens))
+        if hidden:  # states must run from hidden_from (or the kept ones) up to the reused prefix
+            limit = min(limit, self._n_states if self._states_from <= hidden_from <= self._n_states else hidden_from)
+        common = 0
+        while common < limit and tokens[common] == self._tokens[common]:
+            common += 1
+        self.truncate(common)
+        first = max(common, hidden_from)
+        if hidden and not self._states_from <= first == self._n_states:
+            self._states_from = self._n_states = first
+        self._run(tokens[common:], last_logits=False, stop=stop, hidden_from=hidden_from)
+        return common
+
+    def _choose_layers(self, layers: tuple[int, ...]) -> None:
+        bad = [il for il in layers if il != FINAL_STATE and not 0 <= il < self.model.shape.n_layer]
+        if bad:
+            raise BackendError(f"{self.name} has {self.model.shape.n_layer} layers; no layer {bad[0]}")
+        if layers != self._layers:
+            self._layers = layers
+            self._states, self._states_from, self._n_states = None, 0, 0
+
+    def _store_states(self, position: int, rows: np.ndarray) -> None:
+        if self._states is not None and self._states_from <= position <= self._n_states:
+            self._states[position : position + len(rows)] = rows
+            self._n_states = position + len(rows)
+
+    def hidden_states(self, start: int, end: int) -> np.ndarray:
+        """The kept states of cached positions ``start .. end - 1``, [end - start, hidden_size] float32."""
+        if start == end and self._keep_hidden:
+            return np.zeros((0, self.hidden_size), np.float32)
+        if not self._keep_hidden or self._states is None or end > self._n_states or not self._states_from <= start <= end:
+            raise BackendError(f"hidden states of positions {start}..{end - 1} were not kept "
+                               f"(positions {self._states_from}..{self._n_states - 1} have one)")
+        return self._states[start:end].copy()
+
+    def extend(self, tokens: Sequence[int]) -> TargetOutput:
+        """Append ``tokens``; the logits after the last one ([1, vocab], owned)."""
+        start = time.perf_counter()
+        if not tokens:
+            raise ValueError("extend needs at least one token")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise BackendError(f"the context is full ({self.n_ctx} tokens)")
+        self._pending = None
+        logits = self._run([int(t) for t in tokens], last_logits=True)
+        return TargetOutput(logits=logits.cpu().numpy(), seconds=time.perf_counter() - start)
+
+    # -- verify / commit -----------------------------------------------------------------------
+    def verify(self, root: int, proposal: Proposal) -> TargetOutput:
+        """The root and the whole proposal in one forward; logits for every node ([1 + n, vocab])."""
+        start = time.perf_counter()
+        n = 1 + proposal.size
+        if n > self.n_batch:
+            raise BackendError(f"a proposal of {proposal.size} nodes exceeds the batch size {self.n_batch}")
+        if self.n_past + n > self.n_ctx:
+            raise BackendError(f"the context is full ({self.n_ctx} tokens)")
+        tree = compile_tree(proposal.parents)
+        mask = np.zeros((n, n), dtype=bool)
+        mask[:, 0] = True
+        mask[1:, 1:] = tree.mask
+        depths = np.concatenate([[0], tree.depths])
+        logits, hidden = self._forward([root, *proposal.tokens], depths, mask, logits_rows=None)
+        self._pending = (int(root), list(proposal.tokens))
+        self._last_hidden = hidden
+        return TargetOutput(logits=logits.cpu().numpy(), hidden=hidden, seconds=time.perf_counter() - start)
+
+    def commit(self, verdict: Verdict) -> None:
+        """Keep the root and the accepted path of the last verify, in consecutive slots."""
+        if self._pending is None:
+            raise BackendError("commit without a verify")
+        root, tokens = self._pending
+        self._pending = None
+        base = self.n_past
+        kept = torch.tensor([base, *(base + 1 + i for i in verdict.path)], device=self.model.device)
+        self.cache.compact(base, kept)
+        if self._last_hidden is not None:
+            self._store_states(base, self._last_hidden[[0, *(i + 1 for i in verdict.path)]])
+            self._last_hidden = None
+        self._tokens.append(root)
+        self._tokens.extend(tokens[i] for i in verdict.path)
+
+    def close(self) -> None:
+        """Nothing to free by hand: the cache goes with the object."""
+        self._states = None

@@ -1,0 +1,200 @@
+"""The PyTorch backend against Hugging Face transformers and against its own plain decoding.
+
+transformers reads the same GGUF files (its own dequantizer and modeling code), so the first tests
+compare SpecDeck's model with an independent implementation of each family on identical
+weights, fp32: logits within 1e-3 on 20 prompts, greedy text identical. The rest run the engine
+on the torch target: trees against chains, commit against a fresh prefill, and every kind of
+drafter against ``ar`` on the real model, divergences allowed only at measured near-ties.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")  # the test extra installs it; a GGUF-only install has no torch backend
+
+from backends.core.errors import ModelFileError  # noqa: E402
+from backends.core.types import FINAL_STATE, Proposal, Verdict  # noqa: E402
+from backends.factory import Session, SessionConfig  # noqa: E402
+from backends.llamacpp.model import LlamaModel  # noqa: E402
+from backends.pytorch.loader import open_torch_target  # noqa: E402
+from backends.pytorch.weights import load_weights  # noqa: E402
+from tests.conftest import PROMPTS  # noqa: E402
+from tests.test_real_models import answer, same_or_near_tie  # noqa: E402
+
+MORE_PROMPTS = [
+    "Name three primary colors.",
+    "Write one sentence about the ocean.",
+    "def fib(n):\n    # return the n-th Fibonacci number\n",
+    "What is 12 times 12?",
+    "Give a synonym for 'happy'.",
+    "Describe a cat in five words.",
+    "Which planet is closest to the sun?",
+    "Complete: The quick brown fox",
+    "Write a SQL query that counts the rows of a table named users.",
+    "Say hello in Spanish, French and Italian.",
+]
+TWENTY = PROMPTS + MORE_PROMPTS
+
+
+def reference(folder, name):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=name, dtype=torch.float32).eval()
+
+
+def write_hf_folder(model, folder):
+    """What a Hub download of the model holds: config.json and the weights in two safetensors shards
+    (transformers will not save a model it read from a GGUF itself)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied
+    names = sorted(state)
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        save_file({k: state[k] for k in part}, str(folder / f"model-0000{i + 1}-of-00002.safetensors"))
+    return folder
+
+
+def torch_target(path, **kw):
+    vocab = LlamaModel(path, vocab_only=True)
+    target = open_torch_target(path, token_piece=vocab.token_piece, eog_ids=vocab.eog_ids, n_ctx=1024,
+                               dtype="float32", **kw)
+    return vocab, target
+
+
+def full_logits(target, tokens) -> np.ndarray:
+    """Logits of every position of ``tokens`` from an empty cache, [n, vocab]."""
+    target.reset()
+    n = len(tokens)
+    logits, _ = target._forward(tokens, np.arange(n), np.tril(np.ones((n, n), dtype=bool)), logits_rows=None)
+    target._tokens = list(tokens)
+    return logits.numpy()
+
+
+@pytest.mark.parametrize("fixture", ["smollm_f16_path", "gemma_path"], ids=["smollm2-f16", "gemma3-q4_k_m"])
+def test_logits_and_greedy_text_equal_transformers(fixture, request):
+    path = request.getfixturevalue(fixture)
+    vocab, target = torch_target(path)
+    ref = reference(path.parent, path.name)
+    worst = 0.0
+    for text in TWENTY:
+        tokens = vocab.chat_prompt([{"role": "user", "content": text}])
+        ours = full_logits(target, tokens)
+        with torch.no_grad():
+            theirs = ref(torch.tensor([tokens])).logits[0].numpy()
+        worst = max(worst, float(np.abs(ours - theirs).max()))
+    assert worst < 1e-3, f"logits differ from transformers' by up to {worst}"
+    for text in TWENTY[:3]:
+        tokens = vocab.chat_prompt([{"role": "user", "content": text}])
+        with torch.no_grad():
+            theirs = ref.generate(torch.tensor([tokens]), max_new_tokens=24, do_sample=False)[0, len(tokens):].tolist()
+        target.reset()
+        target.prefill(tokens[:-1])
+        root, ours = tokens[-1], []
+        while len(ours) < len(theirs):
+            root = target.extend([root]).top(0)
+            ours.append(root)
+        assert ours == theirs, f"greedy text differs from transformers' for {text!r}"
+
+
+def test_a_hugging_face_folder_loads_and_bad_folders_are_refused(smollm_f16_path, tmp_path):
+    """A folder transformers wrote (config.json + safetensors) gives the GGUF's weights; a folder
+    with pickled weights only, one that needs remote code and an unknown family are refused."""
+    folder = write_hf_folder(reference(smollm_f16_path.parent, smollm_f16_path.name), tmp_path / "smollm2")
+    shape_f, from_folder = load_weights(folder)
+    shape_g, from_gguf = load_weights(smollm_f16_path)
+    assert (shape_f.n_layer, shape_f.d, shape_f.n_head, shape_f.n_kv) == (shape_g.n_layer, shape_g.d, shape_g.n_head, shape_g.n_kv)
+    assert from_folder.keys() == from_gguf.keys()
+    assert all(torch.equal(from_folder[k].float(), from_gguf[k]) for k in from_gguf)
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((folder / "config.json").read_text())
+    (pickled / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(ModelFileError, match="pickled weights"):
+        load_weights(pickled)
+    config = json.loads((folder / "config.json").read_text())
+    for name, change, why in (("remote", {"auto_map": {"AutoModel": "x.Y"}}, "remote code"),
+                              ("mamba", {"model_type": "mamba"}, "not 'mamba'")):
+        bad = tmp_path / name
+        bad.mkdir()
+        (bad / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(ModelFileError, match=why):
+            load_weights(bad)
+
+
+def test_a_tree_verify_equals_its_paths_verified_as_chains_and_commit_keeps_the_path(smollm_f16_path):
+    vocab, target = torch_target(smollm_f16_path)
+    prompt = vocab.chat_prompt([{"role": "user", "content": PROMPTS[0]}])
+    parents = (-1, 0, 0, 1, 1, 2, -1)  # two roots' children, branching twice
+    tokens = (510, 1130, 2213, 29, 3046, 1141, 822)
+    target.prefill(prompt[:-1], hidden=True, layers=(2, FINAL_STATE))
+    tree = target.verify(prompt[-1], Proposal(tokens, parents))
+    for leaf_path in ((0, 1, 3), (0, 1, 4), (0, 2, 5), (6,)):
+        target.truncate(len(prompt) - 1)
+        chain = target.verify(prompt[-1], Proposal.chain([tokens[i] for i in leaf_path]))
+        target.commit(Verdict((), (1,), len(leaf_path), len(leaf_path)))
+        rows = [0, *(i + 1 for i in leaf_path)]
+        assert np.abs(tree.logits[rows] - chain.logits).max() < 1e-4
+        assert np.abs(tree.hidden[rows] - chain.hidden).max() < 1e-3
+    # keep the path root -> 0 -> 2 -> 5: the cache must then hold what a fresh prefill computes
+    target.truncate(len(prompt) - 1)
+    target.verify(prompt[-1], Proposal(tokens, parents))
+    target.commit(Verdict((0, 2, 5), (tokens[0], tokens[2], tokens[5], 7), 7, 3))
+    text = prompt + [tokens[0], tokens[2], tokens[5]]
+    after = target.verify(7, Proposal.chain([8]))
+    states = target.hidden_states(len(prompt) - 1, len(text))
+    fresh = full_logits(target, text + [7, 8])
+    assert np.abs(after.logits - fresh[len(text) :]).max() < 1e-4
+    target.reset()
+    target.prefill(text, hidden=True, layers=(2, FINAL_STATE))
+    assert np.abs(states - target.hidden_states(len(prompt) - 1, len(text))).max() < 1e-3
+
+
+@pytest.fixture(scope="module")
+def torch_session(smollm_f16_path, smollm_q4_path):
+    """SmolLM2 F16 on the torch backend, with the Q4_1 file as a llama.cpp draft model beside it."""
+    with Session(SessionConfig(model=str(smollm_f16_path), draft_model=str(smollm_q4_path), n_ctx=2048,
+                               backend="torch", dtype="float32")) as s:
+        yield s
+
+
+# Fixed sizes: every step drafts, so verification and rollback run on every step.
+TORCH_METHODS = [
+    ("pld", {"adaptive": False}),
+    ("draft", {"adaptive": False, "tree_width": 3, "min_confidence": 0.0, "max_draft": 4}),
+    ("eagle2", {"adaptive": False, "max_nodes": 12}),
+    ("eagle3", {"adaptive": False, "max_nodes": 12}),
+    ("medusa", {"adaptive": False, "width": 3, "max_nodes": 6}),
+    ("lookahead", {}),
+]
+
+
+def test_every_kind_of_drafter_runs_on_the_torch_backend_and_matches_plain_greedy(torch_session):
+    """Text guesses, a llama.cpp draft model, EAGLE and EAGLE-3 heads reading torch's states and
+    Medusa all run unchanged; each output is ``ar``'s or parts from it at a measured near-tie."""
+    assert "PyTorch" in torch_session.placement
+    prompts = [torch_session.model.chat_prompt([{"role": "user", "content": t}]) for t in PROMPTS[:4]]
+    refs = [answer(torch_session, "ar", p) for p in prompts]
+    for method, settings in TORCH_METHODS:
+        exact, accepted = 0, 0
+        for prompt, ref in zip(prompts, refs):
+            got = answer(torch_session, method, prompt, settings)
+            accepted += got.stats.accepted
+            exact += same_or_near_tie(torch_session, method, prompt, got, ref)
+        assert exact >= len(prompts) - 1, f"{method}: only {exact} of {len(prompts)} outputs identical"
+        assert accepted > 0, f"{method} never had a guess accepted on the torch backend"
+
+
+def test_an_unknown_backend_is_refused_by_name():
+    from backends.core.errors import SpecDeckError
+
+    with pytest.raises(SpecDeckError, match="unknown backend 'tpu'"):
+        Session(SessionConfig(model="smollm2-135m-q4_1", backend="tpu"))
