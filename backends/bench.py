@@ -53,6 +53,11 @@ from backends.models.chat import Message
 SPEC_BENCH = Path("shared") / "benchmarks" / "spec_bench" / "question.jsonl"
 MT_BENCH_SUBCATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 PEERS = {"peer-llamacpp": False, "peer-llamacpp-pld": True}  # llama-cpp-python's own runs: with its prompt lookup?
+# Hugging Face transformers' own generate() on the same weights: plain, with its prompt lookup
+# (prompt_lookup_num_tokens) and with assisted generation (the --draft-model as its assistant).
+HF_PEERS = ("hf-ar", "hf-pld", "hf-assisted")
+HF_PLD_TOKENS = 10  # transformers' documented example value for prompt_lookup_num_tokens
+BACKEND_SEP = ":"  # "torch:eagle2": eagle2 on the torch backend, beside llama.cpp's runs
 NOISY_OTHER_CPU = 0.15  # cores used by other processes during a run before we call it noisy
 # The recommender's kinds of work, by Spec-Bench category (the rest is conversation).
 TASK_OF_CATEGORY = {"summarization": "summarize", "rag": "rag"}
@@ -129,6 +134,7 @@ class BenchConfig:
     flash_attn: str = "auto"
     method_settings: dict = field(default_factory=dict)  # method -> {setting: value}
     heads: tuple[str, ...] = ()  # trained head files (else those found for the model)
+    dtype: str = "auto"  # the torch backend's precision, for "torch:..." methods
 
 
 @dataclass(frozen=True)
@@ -208,6 +214,90 @@ class PeerRunner:
 
     def close(self) -> None:
         self.llm.close()
+
+
+class _FirstToken:
+    """A transformers streamer that notes when the first new token comes (its first ``put`` is the
+    prompt), so a peer's decode rate excludes its prefill as SpecDeck's does."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first = 0.0
+
+    def put(self, value) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+class HFPeerRunner:
+    """transformers' ``generate`` on the same model file (its GGUF reader), fp32, greedy only."""
+
+    def __init__(self, session: Session, method: str, *, draft_model: str | None = None) -> None:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM
+        except ImportError:
+            raise SpecDeckError(f"{method} needs transformers and accelerate: pip install transformers accelerate") from None
+        self.torch, self.method, self.session = torch, method, session
+        if session.target.n_threads:
+            torch.set_num_threads(session.target.n_threads)
+
+        def load(path: Path):
+            return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+        self.model = load(Path(session.model.path))
+        self.extra: dict = {}
+        if method == "hf-pld":
+            self.extra = {"prompt_lookup_num_tokens": HF_PLD_TOKENS}
+        elif method == "hf-assisted":
+            if session.draft_model is None:
+                raise SpecDeckError("hf-assisted needs an assistant: give --draft-model")
+            self.extra = {"assistant_model": load(Path(session.draft_model.path))}
+
+    def run(self, prompt: list[int], gen: GenerationSettings) -> TurnRun:
+        if not gen.sampling.greedy:
+            raise SpecDeckError(f"{self.method} runs greedy only (--temperature 0)")
+        torch, eog = self.torch, self.session.model.eog_ids
+        streamer = _FirstToken()
+        t0 = time.monotonic()
+        with CpuWatch() as watch, torch.inference_mode():
+            start = time.perf_counter()
+            out = self.model.generate(torch.tensor([prompt]), max_new_tokens=gen.max_new_tokens, do_sample=False,
+                                      eos_token_id=sorted(eog), pad_token_id=sorted(eog)[0], streamer=streamer, **self.extra)
+            end = time.perf_counter()
+        tokens = out[0, len(prompt):].tolist()
+        first = streamer.first or end
+        reason = "eos" if tokens and tokens[-1] in eog else "length"
+        stats = RunStats(
+            method=self.method, prompt_tokens=len(prompt), reused_tokens=0, new_tokens=len(tokens), forwards=0,
+            drafted=0, accepted=0, prefill_s=0.0, ttft_s=first - start, decode_s=end - first, first_step_tokens=1,
+            draft_s=0.0, verify_s=0.0, accept_s=0.0, drafted_at=(), accepted_at=(), finish_reason=reason,
+        )
+        return TurnRun(prompt, tokens, self.session.model.detokenize(tokens), stats, watch.other_cores, t0, time.monotonic())
+
+    def close(self) -> None:
+        self.model = self.extra = None
+
+
+def split_method(name: str) -> tuple[str, str]:
+    """("torch", "eagle2") for "torch:eagle2"; a name without a backend runs on llama.cpp."""
+    backend, sep, method = name.rpartition(BACKEND_SEP)
+    return (backend, method) if sep else ("llamacpp", name)
+
+
+def is_peer(name: str) -> bool:
+    return name in PEERS or name in HF_PEERS
+
+
+def reference_of(name: str, methods: Sequence[str]) -> str:
+    """The plain decoding a method's output is checked against: its own backend's when the run has it."""
+    backend, _ = split_method(name)
+    own = f"{backend}{BACKEND_SEP}{baseline_method()}"
+    return own if backend != "llamacpp" and own in methods else baseline_method()
 
 
 # -- playing prompts -------------------------------------------------------------------------------
@@ -400,7 +490,7 @@ def against_fastest(records: list[dict], methods: Sequence[str]) -> dict[str, di
     """
     rows = {m: [r for r in records if r["method"] == m] for m in methods}
     rates = {m: _overall_rate(rs) for m, rs in rows.items() if rs}
-    rivals = [m for m in rates if not is_baseline(m) and m not in PEERS]
+    rivals = [m for m in rates if not is_baseline(m) and not is_peer(m)]
     out: dict[str, dict] = {}
     for m in methods:
         others = [o for o in rivals if o != m]
@@ -497,9 +587,7 @@ def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO
     prompts = load_prompts(config.prompts or default_prompts(), per_category=config.per_category, categories=config.categories)
     sampling = SamplingSettings(temperature=config.temperature, seed=config.seed)
     gen = GenerationSettings(max_new_tokens=config.max_new_tokens, sampling=sampling)
-    session = Session(SessionConfig(model=config.model, draft_model=config.draft_model, n_ctx=config.n_ctx,
-                                    n_threads=config.n_threads, n_gpu_layers=config.n_gpu_layers,
-                                    flash_attn=config.flash_attn, heads=config.heads))
+    session = Session(_session_config(config))
     sampler = Sampler.for_this_machine()
     if not sampler.has_power:  # no power reading to integrate: telemetry would only cost CPU
         sampler.stop()
@@ -514,6 +602,43 @@ def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO
         session.close()
 
 
+def _session_config(config: BenchConfig, backend: str = "llamacpp") -> SessionConfig:
+    return SessionConfig(model=config.model, draft_model=config.draft_model, n_ctx=config.n_ctx,
+                         n_threads=config.n_threads, n_gpu_layers=config.n_gpu_layers, flash_attn=config.flash_attn,
+                         heads=config.heads, backend=backend, dtype=config.dtype)
+
+
+class _Runners:
+    """A runner per method, each with the session of its backend (opened once, the first time a
+    method asks for it: "torch:ar" and "torch:eagle2" share one torch session)."""
+
+    def __init__(self, session: Session, config: BenchConfig, methods: Sequence[str]) -> None:
+        self.config = config
+        self.sessions: dict[str, Session] = {"llamacpp": session}
+        self.runners = {m: self._runner(m) for m in methods}
+
+    def session(self, backend: str) -> Session:
+        if backend not in self.sessions:
+            self.sessions[backend] = Session(_session_config(self.config, backend))
+        return self.sessions[backend]
+
+    def _runner(self, name: str):
+        if name in PEERS:
+            return PeerRunner(self.sessions["llamacpp"], name)
+        if name in HF_PEERS:
+            return HFPeerRunner(self.sessions["llamacpp"], name)
+        backend, method = split_method(name)
+        return EngineRunner(self.session(backend), method, self.config.method_settings.get(name, {}))
+
+    def close(self) -> None:
+        for runner in self.runners.values():
+            if hasattr(runner, "close"):
+                runner.close()
+        for backend, session in self.sessions.items():
+            if backend != "llamacpp":  # the caller's
+                session.close()
+
+
 def print_costs(costs: CostModel, contexts: Sequence[int], progress: TextIO) -> None:
     for context in contexts:
         rel = costs.relative(context)
@@ -526,13 +651,21 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
          gen: GenerationSettings, out: TextIO, progress: TextIO, sampler: Sampler | None) -> dict:
     costs = session.cost_model()  # measured once, shared by every method of this run
     draft_costs = session.draft_cost_model()
-    plain = baseline_method()
-    runners = {m: PeerRunner(session, m) if m in PEERS else EngineRunner(session, m, config.method_settings.get(m, {}))
-               for m in methods}
+    pool = _Runners(session, config, methods)
+    try:
+        return _run_prompts(session, pool, config, methods, prompts, gen, out, progress, sampler, costs, draft_costs)
+    finally:
+        pool.close()
+
+
+def _run_prompts(session: Session, pool: _Runners, config: BenchConfig, methods: list[str], prompts: list[BenchPrompt],
+                 gen: GenerationSettings, out: TextIO, progress: TextIO, sampler: Sampler | None, costs: CostModel,
+                 draft_costs: CostModel | None) -> dict:
+    runners, plain = pool.runners, baseline_method()
     print_costs(costs, costs.contexts, progress)
     measured_at_load = list(costs.contexts)
     for m, runner in runners.items():  # warm-up, excluded from every figure
-        play(runner, session, BenchPrompt(0, "warmup", ("Say hello.",)), replace(gen, max_new_tokens=16))
+        play(runner, runner.session, BenchPrompt(0, "warmup", ("Say hello.",)), replace(gen, max_new_tokens=16))
     records = []
     started = time.perf_counter()
     for index, prompt in enumerate(prompts):
@@ -542,17 +675,15 @@ def _run(session: Session, config: BenchConfig, methods: list[str], prompts: lis
             # Repeats alternate the order (A B C, C B A, ...): a drift of the machine's speed over
             # the prompt's runs then falls on every method alike.
             for m in order if repeat % 2 == 0 else order[::-1]:
-                results[m].append(play(runners[m], session, prompt, gen))
+                results[m].append(play(runners[m], runners[m].session, prompt, gen))
         for m in methods:
-            div = None if m == plain else divergence(session, results[m][0], results[plain][0], gen.sampling)
-            records.append(make_record(m, prompt, results[m], results[plain], div, m in PEERS, sampler))
+            ref = reference_of(m, methods)
+            div = None if m == ref else divergence(runners[ref].session, results[m][0], results[ref][0], gen.sampling)
+            records.append(make_record(m, prompt, results[m], results[plain], div, is_peer(m), sampler))
         elapsed = time.perf_counter() - started
         print(f"[{index + 1}/{len(prompts)}] {prompt.category} q{prompt.question_id}: "
               + ", ".join(f"{r['method']} {r['speedup']:.2f}x" for r in records[-len(methods):]) + f" ({elapsed:.0f} s)",
               file=progress, flush=True)
-    for runner in runners.values():
-        if isinstance(runner, PeerRunner):
-            runner.close()
     print_costs(costs, [c for c in costs.contexts if c not in measured_at_load], progress)  # at the first long prompt
     remember(session.model.path, records)
     summary = summarize(records, methods)
@@ -591,7 +722,8 @@ def auto_choices(session: Session) -> dict:
 
 def remember(model_path: Path, records: list[dict]) -> None:
     """Keep each engine method's figures per kind of task, from quiet runs, for the recommender."""
-    quiet = [r for r in records if not r["peer"] and r["other_cpu"] <= NOISY_OTHER_CPU]
+    quiet = [r for r in records if not r["peer"] and r["other_cpu"] <= NOISY_OTHER_CPU
+             and split_method(r["method"])[0] == "llamacpp"]  # the recommender plans llama.cpp's methods
     store = ObservedStore()
     for method, task in sorted({(r["method"], TASK_OF_CATEGORY.get(r["category"], "chat")) for r in quiet}):
         def of(m: str) -> list[dict]:

@@ -40,6 +40,8 @@ def _add_session_args(p: argparse.ArgumentParser, *, default_model: str) -> None
     p.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--head", action="append", default=[], metavar="FILE",
                    help="a trained head (.json from `specdeck train`); default: those found for the model")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="the PyTorch backend's precision (auto: bf16 on a GPU or a CPU with native bf16, else fp32)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, *, temperature: float) -> None:
@@ -86,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_session_args(chat, default_model=DEFAULT_MODEL)
     _add_sampling_args(chat, temperature=0.0)
     chat.add_argument("--method", default="pld", choices=sorted(REGISTRY))
+    chat.add_argument("--backend", default="llamacpp", choices=("llamacpp", "torch"),
+                      help="what runs the model: llama.cpp, or SpecDeck's PyTorch model (needs torch)")
     chat.add_argument("--system", default=None, help="system prompt")
     chat.add_argument("--max-new-tokens", type=int, default=512)
     chat.add_argument("--set", action="append", default=[], metavar="METHOD.NAME=VALUE", help="a method setting")
@@ -123,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark methods side by side on Spec-Bench")
     _add_session_args(bench, default_model="smollm2-135m-f16")
     bench.add_argument("--methods", default="ar,pld,peer-llamacpp,peer-llamacpp-pld",
-                       help=f"comma-separated: {', '.join(REGISTRY)}, peer-llamacpp, peer-llamacpp-pld")
+                       help=f"comma-separated: {', '.join(REGISTRY)}, peer-llamacpp, peer-llamacpp-pld; "
+                            "torch:METHOD runs METHOD on the PyTorch backend in the same run; hf-ar, hf-pld, "
+                            "hf-assisted are transformers' own generate (plain, prompt lookup, --draft-model assisting)")
     bench.add_argument("--prompts", type=Path, default=None, help="Spec-Bench JSONL (default ../shared/benchmarks/...)")
     bench.add_argument("--per-category", type=int, default=10)
     bench.add_argument("--categories", default=None, help="comma-separated (mt_bench, translation, ...)")
@@ -298,7 +304,8 @@ def _session_config(args: argparse.Namespace):
     from backends.factory import SessionConfig
 
     return SessionConfig(model=args.model, draft_model=args.draft_model, n_ctx=args.n_ctx, n_threads=args.threads,
-                         n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn, heads=tuple(args.head))
+                         n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn, heads=tuple(args.head),
+                         backend=getattr(args, "backend", "llamacpp"), dtype=args.dtype)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -376,6 +383,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, repeats=args.repeats,
         n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn,
         method_settings=_with_datastore(_method_settings(args.set), args.datastore), heads=tuple(args.head),
+        dtype=args.dtype,
     )
     result = run_bench(config)
     if args.json:
