@@ -37,6 +37,7 @@ from backends.llamacpp.model import LlamaModel
 from backends.llamacpp.target import LlamaTarget
 from backends.models.catalog import resolve_model
 from backends.models.chat import ChatFormat, Message
+from backends.models.hf_folder import HFModelFolder, is_hf_folder
 from backends.models.compat import draft_incompatibility
 from backends.models.cost_cache import (COST_CURVE_LENGTH, LONG_CONTEXT, cost_curve_file, load_cost_curves,
                                         measurement_file, save_cost_curves)
@@ -69,6 +70,22 @@ class Backend:
     loads_weights: bool
     placement: Callable[["Session"], str]
     runtime: Callable[["Session"], tuple] = lambda session: ()  # what keys its measurements besides the file
+    folders: bool = False  # runs Hugging Face folders (config.json + safetensors) besides GGUFs
+
+    def resolve(self, spec: str) -> Path:
+        """The model file (or folder) ``spec`` names, checked."""
+        if self.folders and is_hf_folder(Path(spec).expanduser()):
+            return Path(spec).expanduser()
+        return resolve_model(spec)
+
+    def text_model(self, path: Path, *, n_gpu_layers: int, progress: Callable[[float], bool] | None):
+        """What the session tokenizes and renders chats with: the llama.cpp model itself, or only
+        its vocabulary (a folder's: ``HFModelFolder``) when this backend holds the weights."""
+        if is_hf_folder(path):
+            return HFModelFolder(path)
+        if self.loads_weights:
+            return LlamaModel(path, n_gpu_layers=n_gpu_layers, progress=progress)
+        return LlamaModel(path, vocab_only=True)
 
 
 def _open_llamacpp(session: "Session", progress: Callable[[float], bool] | None) -> LlamaTarget:
@@ -103,7 +120,7 @@ def _torch_runtime(session: "Session") -> tuple:
 
 BACKENDS: dict[str, Backend] = {
     "llamacpp": Backend("llamacpp", "llama.cpp", _open_llamacpp, True, _llamacpp_placement),
-    "torch": Backend("torch", "PyTorch", _open_torch, False, _torch_placement, _torch_runtime),
+    "torch": Backend("torch", "PyTorch", _open_torch, False, _torch_placement, _torch_runtime, folders=True),
 }
 
 
@@ -143,7 +160,7 @@ class Session:
     def __init__(self, config: SessionConfig, *, progress: Callable[[float], bool] | None = None) -> None:
         """``progress`` sees the target's load progress (0..1) and may return False to cancel it."""
         self.backend = backend_named(config.backend)
-        path = resolve_model(config.model)
+        path = self.backend.resolve(config.model)
         draft_path = resolve_model(config.draft_model) if config.draft_model else None
         if self.backend.loads_weights:
             ngl, self.offload = resolve_gpu_layers(config.n_gpu_layers, path, n_ctx=config.n_ctx, draft=draft_path)
@@ -154,7 +171,7 @@ class Session:
         self._draft_gpu_layers = ngl if self.offload is None else (
             MAX_LAYERS if self.offload.gpu_layers >= self.offload.total_layers else 0)
         loads = self.backend.loads_weights
-        self.model = LlamaModel(path, n_gpu_layers=ngl, progress=progress if loads else None, vocab_only=not loads)
+        self.model = self.backend.text_model(path, n_gpu_layers=ngl, progress=progress)
         self.draft_model: LlamaModel | None = None
         self.draft_target: LlamaTarget | None = None
         self._costs: CostModel | None = None
@@ -219,6 +236,8 @@ class Session:
         user's trained heads or the shipped ones); looked up each time (a few directory listings),
         so a head trained while the model is loaded counts at once."""
         given = {HeadFile.kind_of(p) for p in self.config.heads}
+        if not self._path.is_file():  # a Hugging Face folder: heads are made and found for GGUFs only, so far
+            return tuple(k for k in HEAD_KINDS if k in given)
         return tuple(k for k in HEAD_KINDS if k in given or find_heads(self._path, k, fingerprint=self.fingerprint))
 
     def forget_heads(self) -> None:
@@ -368,6 +387,7 @@ class Session:
             embeddings=lambda: self.embeddings,
             native_head=self.target.native_head if NATIVE_MTP in self.target.offers else None,
             engine_head=self.engine_head if NATIVE_EAGLE3 in self.target.offers else None,
+            target=self.target,
         )
         drafter = spec.build(chosen, resources)
         missing = drafter.requires - self.target.offers

@@ -105,14 +105,29 @@ def test_logits_and_greedy_text_equal_transformers(fixture, request):
 
 
 def test_a_hugging_face_folder_loads_and_bad_folders_are_refused(smollm_f16_path, tmp_path):
-    """A folder transformers wrote (config.json + safetensors) gives the GGUF's weights; a folder
-    with pickled weights only, one that needs remote code and an unknown family are refused."""
+    """A folder as the Hub has it (config.json, safetensors shards, tokenizer.json, the chat template)
+    gives the GGUF's weights, the same chat prompts and token bytes, and the same answer through a
+    session; llama.cpp refuses it naming the backend that runs it. A folder with pickled weights
+    only, one that needs remote code and an unknown family are refused."""
+    from transformers import AutoTokenizer
+
     folder = write_hf_folder(reference(smollm_f16_path.parent, smollm_f16_path.name), tmp_path / "smollm2")
+    AutoTokenizer.from_pretrained(str(smollm_f16_path.parent), gguf_file=smollm_f16_path.name).save_pretrained(str(folder))
     shape_f, from_folder = load_weights(folder)
     shape_g, from_gguf = load_weights(smollm_f16_path)
     assert (shape_f.n_layer, shape_f.d, shape_f.n_head, shape_f.n_kv) == (shape_g.n_layer, shape_g.d, shape_g.n_head, shape_g.n_kv)
     assert from_folder.keys() == from_gguf.keys()
     assert all(torch.equal(from_folder[k].float(), from_gguf[k]) for k in from_gguf)
+
+    answers = []
+    for model in (str(folder), str(smollm_f16_path)):
+        with Session(SessionConfig(model=model, backend="torch", dtype="float32", n_ctx=1024)) as session:
+            prompts = [session.model.chat_prompt([{"role": "user", "content": t}]) for t in PROMPTS]
+            pieces = [session.model.detokenize(p) for p in prompts]
+            answers.append((prompts, pieces, answer(session, "ar", prompts[3]).text))
+    assert answers[0] == answers[1]
+    with pytest.raises(ModelFileError, match="PyTorch backend runs it"):
+        Session(SessionConfig(model=str(folder)))
 
     pickled = tmp_path / "pickled"
     pickled.mkdir()
@@ -174,6 +189,7 @@ TORCH_METHODS = [
     ("eagle3", {"adaptive": False, "max_nodes": 12}),
     ("medusa", {"adaptive": False, "width": 3, "max_nodes": 6}),
     ("lookahead", {}),
+    ("self", {"adaptive": False, "skip": "4,12,17", "max_draft": 4, "min_confidence": 0.0}),
 ]
 
 
@@ -191,6 +207,39 @@ def test_every_kind_of_drafter_runs_on_the_torch_backend_and_matches_plain_greed
             exact += same_or_near_tie(torch_session, method, prompt, got, ref)
         assert exact >= len(prompts) - 1, f"{method}: only {exact} of {len(prompts)} outputs identical"
         assert accepted > 0, f"{method} never had a guess accepted on the torch backend"
+
+
+def test_the_skip_search_keeps_the_first_and_last_layer_and_picks_by_predicted_speed(torch_session):
+    """Where drafting were cheap and verifying free, leaving layers out would pay and the search picks
+    a set, never the first or last layer, with the agreement it reports; at this model's real
+    price (a layer of 30 saves 2.6% of a forward, and leaving out one costs 10-80% of agreement)
+    nothing pays, and the search says so."""
+    from backends.drafters.self_spec import SelfSettings, predicted_speed, search_skip, top_tokens
+
+    target = torch_session.target
+    text = torch_session.model.chat_prompt([{"role": "user", "content": PROMPTS[0]}])[-48:]
+
+    def make(skip):
+        return target.skipping(skip, n_ctx=len(text) + 1)
+
+    free = search_skip(make, text, n_layer=target.n_layer, draft_cost=lambda k: 0.1, verify=[1.0] * 9, max_draft=8)
+    assert free.skip and 0 not in free.skip and target.n_layer - 1 not in free.skip
+    reference = top_tokens(make(()), text)
+    assert free.agreement == pytest.approx(float(np.mean(top_tokens(make(free.skip), text) == reference)))
+    assert free.speed == pytest.approx(predicted_speed(free.agreement, 0.1, [1.0] * 9, 8)) and free.speed > 1.5
+    real = search_skip(make, text, n_layer=target.n_layer, verify=[1.0 + 0.1 * g for g in range(9)], max_draft=8,
+                       draft_cost=lambda k: 1 - target.layer_share * k / target.n_layer)
+    assert real.skip == () and real.speed == 1.0
+    with pytest.raises(ValueError, match="layer numbers"):
+        SelfSettings(skip="4,x")
+
+
+def test_self_is_refused_on_llama_cpp_with_the_reason(smollm_session):
+    from backends.core.errors import SpecDeckError
+    from backends.core.types import SamplingSettings
+
+    with pytest.raises(SpecDeckError, match="leave layers out|subset of the model's layers"):
+        smollm_session.drafter("self", SamplingSettings())
 
 
 def test_an_unknown_backend_is_refused_by_name():

@@ -62,6 +62,11 @@ class Target(Protocol):
         evaluated by the backend's engine beside the model (``NATIVE_EAGLE3`` targets only), with
         the interface ``native_head`` gives; refused, with the reason, for a head of another model."""
 
+    def skipping(self, skip: Sequence[int], *, n_ctx: int | None = None) -> "Target":
+        """The same model without layers ``skip``, as a target with a cache of its own (``LAYER_SKIP``
+        targets only; ``n_layer`` and ``layer_share``, the blocks' share of a forward's weights, say
+        what there is to skip)."""
+
     def verify(self, root: int, proposal: Proposal) -> TargetOutput:
         """One forward over the root (at position ``n_past``) and every proposal node."""
 

@@ -34,6 +34,10 @@ NATIVE_MTP = "native_mtp"
 # The target's engine runs an EAGLE-3 head itself (``target.engine_head(path)``: llama.cpp's
 # ``eagle3`` architecture, from a GGUF), with its kernels and on its GPU, beside the model.
 NATIVE_EAGLE3 = "native_eagle3"
+# The target can run a subset of its own layers as a draft model (``target.skipping(layers)``):
+# self-speculative decoding, a draft for free beside any model (the PyTorch backend's forward
+# takes the layers to run as an argument).
+LAYER_SKIP = "layer_skip"
 
 NO_LIMIT = 1 << 30  # a limit a target does not have
 

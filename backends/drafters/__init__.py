@@ -22,7 +22,8 @@ from backends.core.costs import CostModel
 from backends.core.planner import could_pay
 from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
-from backends.core.types import HIDDEN_STATES, LAYER_STATES, NATIVE_EAGLE3, NATIVE_MTP, ROLLBACK, TREE, SamplingSettings
+from backends.core.types import (HIDDEN_STATES, LAYER_SKIP, LAYER_STATES, NATIVE_EAGLE3, NATIVE_MTP, ROLLBACK, TREE,
+                                 SamplingSettings)
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
@@ -31,6 +32,7 @@ from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
 from backends.drafters.medusa import MedusaDrafter, MedusaSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
 from backends.drafters.rest import RESTDrafter, RESTSettings
+from backends.drafters.self_spec import SelfDrafter, SelfSettings, SelfState
 from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings
 from backends.heads.eagle import EagleHead
 from backends.heads.eagle3 import Eagle3Head
@@ -59,6 +61,7 @@ REQUIREMENT_TEXT = {
                 "(this model has none)",
     NATIVE_EAGLE3: "a backend that runs EAGLE-3 heads in its own engine (llama.cpp, for a model whose graph "
                    "hands out the inputs of its layers)",
+    LAYER_SKIP: "a backend that can run a subset of the model's layers (the PyTorch backend: --backend torch)",
     ROLLBACK: "a model whose cache can forget rejected guesses (recurrent and hybrid models such as Mamba, "
               "RWKV, LFM2, Granite-H and Qwen3-Next cannot)",
 }
@@ -104,6 +107,8 @@ class DrafterResources:
     # An EAGLE-3 head (a ``HeadFile``, or the path of an ``eagle3`` GGUF) run by the backend's own
     # engine (``NATIVE_EAGLE3``), with the same interface.
     engine_head: Callable[[HeadFile | str], Any] | None = None
+    # The target itself, for a drafter that drafts with part of it (``LAYER_SKIP``: ``skipping``).
+    target: Target | None = None
 
 
 TASKS = ("chat", "summarize", "code", "rag")  # the kinds of work the recommender ranks methods for
@@ -183,6 +188,14 @@ def _build_draft(settings: DraftSettings, res: DrafterResources) -> Drafter:
     )
     res.memory[("draft", settings)] = drafter.sizer  # what it learned carries over to the next answer
     return drafter
+
+
+def _build_self(settings: SelfSettings, res: DrafterResources) -> Drafter:
+    if res.target is None or LAYER_SKIP not in res.offers:
+        raise SpecDeckError("self needs a backend that can leave layers out (--backend torch)")
+    state = res.memory.setdefault(("self", settings.skip, settings.probe_tokens), SelfState())
+    return SelfDrafter(settings, target=res.target, sampling=res.sampling, target_vocab=res.target_vocab,
+                       costs=res.costs(), state=state, stop=res.stop, memory=res.memory)
 
 
 def _build_pld(settings: PLDSettings, res: DrafterResources) -> Drafter:
@@ -451,6 +464,16 @@ REGISTRY: dict[str, MethodSpec] = {
             requires=frozenset({DRAFT_MODEL, ROLLBACK}),
             prior_acceptance=MappingProxyType({"chat": 0.6, "summarize": 0.65, "code": 0.7, "rag": 0.65}),
             prior_draft=8,
+        ),
+        MethodSpec(
+            "self",
+            "self-speculative: the model drafts for itself with some of its layers left out (searched on this "
+            "machine), then checks with all of them; no second model",
+            SelfSettings,
+            _build_self,
+            requires=frozenset({LAYER_SKIP, ROLLBACK}),
+            prior_acceptance=MappingProxyType({"chat": 0.5, "summarize": 0.55, "code": 0.55, "rag": 0.55}),
+            prior_draft=4,
         ),
         MethodSpec(
             "rest",

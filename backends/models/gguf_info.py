@@ -99,6 +99,8 @@ def check_gguf_file(path: str | os.PathLike) -> Path:
     if not p.exists():
         raise ModelFileError(f"model file not found: {p}")
     if p.is_dir():
+        if (p / "config.json").is_file():
+            raise ModelFileError(f"{p} is a Hugging Face model folder: the PyTorch backend runs it (--backend torch)")
         raise ModelFileError(f"{p} is a folder; pick a .gguf file inside it")
     with p.open("rb") as f:
         head = f.read(4)

@@ -26,17 +26,21 @@ from backends.pytorch.shape import TorchShape
 
 @dataclass
 class KVCache:
-    """Keys and values of every layer for ``n_ctx`` slots: [n_layer, n_kv, n_ctx, head_dim] each."""
+    """Keys and values of the layers a forward runs, for ``n_ctx`` slots: [len(layers), n_kv, n_ctx,
+    head_dim] each; ``rows[i]`` is layer ``i``'s row (a layer-skipping draft keeps only its own)."""
 
     k: torch.Tensor
     v: torch.Tensor
     positions: torch.Tensor  # [n_ctx] int64, the position of the token in each slot
+    rows: dict[int, int]
 
     @classmethod
-    def empty(cls, shape: TorchShape, n_ctx: int, *, dtype: torch.dtype, device: torch.device) -> KVCache:
-        size = (shape.n_layer, shape.n_kv, n_ctx, shape.head_dim)
+    def empty(cls, shape: TorchShape, n_ctx: int, *, dtype: torch.dtype, device: torch.device,
+              layers: Sequence[int] | None = None) -> KVCache:
+        layers = list(range(shape.n_layer)) if layers is None else list(layers)
+        size = (len(layers), shape.n_kv, n_ctx, shape.head_dim)
         return cls(torch.zeros(size, dtype=dtype, device=device), torch.zeros(size, dtype=dtype, device=device),
-                   torch.zeros(n_ctx, dtype=torch.long, device=device))
+                   torch.zeros(n_ctx, dtype=torch.long, device=device), {il: r for r, il in enumerate(layers)})
 
     @property
     def n_ctx(self) -> int:
@@ -85,8 +89,15 @@ class Transformer:
         hd = self.shape.head_dim
         return 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=self.device) / hd))  # [hd / 2]
 
-    def new_cache(self, n_ctx: int) -> KVCache:
-        return KVCache.empty(self.shape, n_ctx, dtype=self.dtype, device=self.device)
+    def new_cache(self, n_ctx: int, layers: Sequence[int] | None = None) -> KVCache:
+        return KVCache.empty(self.shape, n_ctx, dtype=self.dtype, device=self.device, layers=layers)
+
+    @property
+    def layer_share(self) -> float:
+        """The blocks' share of a one-token forward's weights (the rest: embedding row, output layer);
+        what skipping a layer saves is about this over ``n_layer``."""
+        body = sum(v.numel() for k, v in self.w.items() if k[0].isdigit())
+        return body / (body + self.w["output"].numel())
 
     def _angles(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.shape
@@ -165,9 +176,10 @@ class Transformer:
         cos, sin = self._angles(i, positions)
         q = rotary(self._project(i, h, "q", s.n_head), cos, sin)  # [H, n, hd]
         k = rotary(self._project(i, h, "k", s.n_kv), cos, sin)  # [Hkv, n, hd]
-        cache.k[i, :, start : start + n] = k
-        cache.v[i, :, start : start + n] = self._project(i, h, "v", s.n_kv)
-        keys, values = cache.k[i, :, : start + n], cache.v[i, :, : start + n]  # [Hkv, start + n, hd]
+        r = cache.rows[i]
+        cache.k[r, :, start : start + n] = k
+        cache.v[r, :, start : start + n] = self._project(i, h, "v", s.n_kv)
+        keys, values = cache.k[r, :, : start + n], cache.v[r, :, : start + n]  # [Hkv, start + n, hd]
         out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask[None, None],
                                              scale=s.scale, enable_gqa=s.n_kv != s.n_head)  # [1, H, n, hd]
         return out[0].transpose(0, 1).reshape(n, s.n_head * s.head_dim) @ self.w[f"{i}.wo"].T

@@ -25,8 +25,8 @@ import torch
 
 from backends.core.errors import BackendError, Cancelled
 from backends.core.tree import compile_tree
-from backends.core.types import (FINAL_STATE, HIDDEN_STATES, LAYER_STATES, NO_LIMIT, ROLLBACK, TREE, Proposal,
-                                 TargetLimits, TargetOutput, Verdict)
+from backends.core.types import (FINAL_STATE, HIDDEN_STATES, LAYER_SKIP, LAYER_STATES, NO_LIMIT, ROLLBACK, TREE,
+                                 Proposal, TargetLimits, TargetOutput, Verdict)
 from backends.pytorch.model import Transformer
 
 NONE = torch.zeros(0, dtype=torch.long)  # logits_rows asking for no logits
@@ -35,10 +35,11 @@ NONE = torch.zeros(0, dtype=torch.long)  # logits_rows asking for no logits
 class TorchTarget:
     """One KV cache over a loaded ``Transformer``; implements the engine's target protocol."""
 
-    offers = frozenset({TREE, ROLLBACK, HIDDEN_STATES, LAYER_STATES})
+    offers = frozenset({TREE, ROLLBACK, HIDDEN_STATES, LAYER_STATES, LAYER_SKIP})
 
     def __init__(self, model: Transformer, *, token_piece: Callable[[int], bytes], eog_ids: frozenset[int],
-                 n_ctx: int = 4096, n_batch: int = 512, name: str = "model") -> None:
+                 n_ctx: int = 4096, n_batch: int = 512, name: str = "model", skip: tuple[int, ...] = ()) -> None:
+        """``skip``: layers this target leaves out (a self-speculative draft, see ``skipping``)."""
         if n_ctx < 16:
             raise ValueError(f"n_ctx must be at least 16, got {n_ctx}")
         self.model = model
@@ -49,7 +50,9 @@ class TorchTarget:
         self.eog_ids = eog_ids
         self.token_piece = token_piece
         self.limits = TargetLimits(max_batch=n_batch, max_paths=NO_LIMIT)
-        self.cache = model.new_cache(n_ctx)
+        self.skip = tuple(sorted(set(skip)))
+        self.layers = [i for i in range(model.shape.n_layer) if i not in self.skip]
+        self.cache = model.new_cache(n_ctx, self.layers)
         self.n_threads = torch.get_num_threads()
         self._tokens: list[int] = []  # what the cache holds, slot by slot
         self._pending: tuple[int, list[int]] | None = None  # the last verify's root and nodes
@@ -58,6 +61,23 @@ class TorchTarget:
         self._states: np.ndarray | None = None  # [n_ctx, hidden_size] float32, the cached positions' states
         self._states_from = self._n_states = 0
         self._last_hidden: np.ndarray | None = None  # [1 + n_nodes, hidden_size] of the last verify
+
+    @property
+    def n_layer(self) -> int:
+        return self.model.shape.n_layer
+
+    @property
+    def layer_share(self) -> float:
+        return self.model.layer_share
+
+    def skipping(self, skip: Sequence[int], *, n_ctx: int | None = None) -> TorchTarget:
+        """The same weights without layers ``skip``, with a cache of their own (``LAYER_SKIP``): a
+        draft model for self-speculative decoding that costs no memory but its cache."""
+        bad = [il for il in skip if not 0 <= il < self.n_layer]
+        if bad:
+            raise BackendError(f"{self.name} has {self.n_layer} layers; it cannot skip layer {bad[0]}")
+        return TorchTarget(self.model, token_piece=self.token_piece, eog_ids=self.eog_ids, n_ctx=n_ctx or self.n_ctx,
+                           n_batch=self.n_batch, name=f"{self.name} without {len(set(skip))} layers", skip=tuple(skip))
 
     @property
     def placement(self) -> str:
@@ -108,7 +128,8 @@ class TorchTarget:
         states = self._layers if self._keep_hidden else ()
         logits, hidden = self.model.forward(
             torch.tensor(tokens, dtype=torch.long), torch.from_numpy(start + depths.astype(np.int64)), self.cache,
-            start=start, mask=mask.to(self.model.device), logits_rows=logits_rows, states=states)
+            start=start, mask=mask.to(self.model.device), logits_rows=logits_rows, states=states,
+            layers=self.layers if self.skip else None)
         return logits, None if hidden is None else hidden.cpu().numpy()
 
     def _chain(self, tokens: Sequence[int], *, last_logits: bool) -> torch.Tensor | None:
@@ -166,7 +187,7 @@ class TorchTarget:
         return common
 
     def _choose_layers(self, layers: tuple[int, ...]) -> None:
-        bad = [il for il in layers if il != FINAL_STATE and not 0 <= il < self.model.shape.n_layer]
+        bad = [il for il in layers if il != FINAL_STATE and il not in self.layers]
         if bad:
             raise BackendError(f"{self.name} has {self.model.shape.n_layer} layers; no layer {bad[0]}")
         if layers != self._layers:
