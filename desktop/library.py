@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QComboBox,
     QFileDialog,
     QHBoxLayout,
     QLabel,
@@ -31,6 +32,7 @@ from backends.hardware.types import HardwareReport
 from backends.llamacpp.model import mtp_in_header
 from backends.models.catalog import CATALOG, list_models
 from backends.models.gguf_info import read_gguf_info
+from backends.models.hf_folder import is_hf_folder
 from backends.models.paths import library_dir
 from desktop.jobs import run_job
 
@@ -39,6 +41,15 @@ if TYPE_CHECKING:
 
 _SPLIT_PART = re.compile(r"-(\d{5})-of-\d{5}$")
 COLUMNS = ("model", "architecture", "parameters", "quantization", "context", "size", "fit on this machine")
+# What runs a model (backends.factory.BACKENDS): a GGUF runs on llama.cpp unless the user picks
+# PyTorch; a Hugging Face folder only on PyTorch.
+BACKEND_LABELS = {"llamacpp": "llama.cpp", "torch": "PyTorch"}
+
+
+def torch_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,7 @@ def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int) ->
 
 
 class ModelLibrary(QWidget):
-    load_requested = Signal(str, int)  # model spec, n_ctx
+    load_requested = Signal(str, int, str)  # model spec, n_ctx, backend
     load_refused = Signal(str, str)  # row label, why: its file is known to be unreadable
     folders_changed = Signal(list)
     head_installed = Signal(str)  # a head from the Hub saved for the loaded model
@@ -124,6 +135,18 @@ class ModelLibrary(QWidget):
         self.ctx.setValue(4096)
         self.ctx.setSuffix(" tokens")
         self.ctx.valueChanged.connect(lambda _: self.refresh_details())
+        self.backend = QComboBox()
+        self.backend.setObjectName("backend")
+        self.backend.setToolTip("What runs the model: llama.cpp (GGUF files), or SpecDeck's PyTorch model (GGUF files "
+                                "and Hugging Face folders; a CUDA GPU when torch sees one)")
+        for name, label in BACKEND_LABELS.items():
+            self.backend.addItem(label, name)
+        self._torch = torch_installed()
+        if not self._torch:
+            item = self.backend.model().item(list(BACKEND_LABELS).index("torch"))
+            item.setEnabled(False)
+            item.setToolTip("needs torch: pip install 'specdeck[torch]'")
+        self.table.currentCellChanged.connect(lambda row, *_: self._fit_backend(row))
         self.load_button = QPushButton("Load")
         self.load_button.clicked.connect(lambda: self._load_row(self.table.currentRow()))
         self.add_button = QPushButton("Add folder ...")
@@ -134,6 +157,8 @@ class ModelLibrary(QWidget):
         row = QHBoxLayout()
         row.addWidget(QLabel("Context"))
         row.addWidget(self.ctx)
+        row.addWidget(QLabel("Run with"))
+        row.addWidget(self.backend)
         row.addStretch(1)
         row.addWidget(self.add_button)
         row.addWidget(self.hub_button)
@@ -212,7 +237,18 @@ class ModelLibrary(QWidget):
         if entry.spec in self.unreadable:
             self.load_refused.emit(entry.label, self.unreadable[entry.spec])
             return
-        self.load_requested.emit(entry.spec, self.ctx.value())
+        self._fit_backend(row)
+        self.load_requested.emit(entry.spec, self.ctx.value(), self.backend.currentData())
+
+    def _fit_backend(self, row: int) -> None:
+        """A Hugging Face folder runs on PyTorch only: picking one switches the choice there."""
+        if 0 <= row < len(self.entries) and self.entries[row].path is not None and is_hf_folder(self.entries[row].path):
+            self.set_backend("torch")
+
+    def set_backend(self, name: str) -> None:
+        index = self.backend.findData(name)
+        if index >= 0 and (name != "torch" or self._torch):
+            self.backend.setCurrentIndex(index)
 
     def _add_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")

@@ -117,7 +117,9 @@ class MainWindow(QMainWindow):
         run_job(self, detect_hardware, self._on_hardware, lambda msg: self.show_error("Hardware detection failed", msg))
         model = autoload and (self.settings.value("model/last", autoload) or autoload)
         if model:
-            self.load_model(str(model), int(self.settings.value("model/n_ctx", 4096)))
+            backend = str(self.settings.value("model/backend", "llamacpp"))
+            self.library.set_backend(backend)
+            self.load_model(str(model), int(self.settings.value("model/n_ctx", 4096)), backend=backend)
         self.chat.input.setFocus()
 
     # -- construction ------------------------------------------------------------------------
@@ -182,7 +184,7 @@ class MainWindow(QMainWindow):
         self.clear_error()
 
         self.library = ModelLibrary(settings_list(self.settings, "library/folders"))
-        self.library.load_requested.connect(self.load_model)
+        self.library.load_requested.connect(lambda spec, n_ctx, backend: self.load_model(spec, n_ctx, backend=backend))
         self.library.head_installed.connect(lambda _path: self.heads_changed.emit())
         self.library.load_refused.connect(lambda name, why: self.show_error(f"{name} cannot be loaded", why))
         self.library.folders_changed.connect(lambda folders: self.settings.setValue("library/folders", folders))
@@ -311,14 +313,15 @@ class MainWindow(QMainWindow):
         if self.model is not None:
             s.setValue("model/last", self.model.model)
             s.setValue("model/n_ctx", self.model.n_ctx)
+            s.setValue("model/backend", self.model.backend)
         s.sync()
 
     # -- model loading -----------------------------------------------------------------------
-    def load_model(self, spec: str, n_ctx: int = 4096, draft: str | None = None) -> None:
+    def load_model(self, spec: str, n_ctx: int = 4096, draft: str | None = None, backend: str = "llamacpp") -> None:
         if self.busy:
             self.show_error("Busy", "Stop the current answer or comparison before loading a model.")
             return
-        self._load = LoadRequest(SessionConfig(model=spec, draft_model=draft, n_ctx=n_ctx))
+        self._load = LoadRequest(SessionConfig(model=spec, draft_model=draft, n_ctx=n_ctx, backend=backend))
         self.load_request.emit(self._load)
 
     def open_train_dialog(self, kind: str) -> None:
@@ -339,7 +342,7 @@ class MainWindow(QMainWindow):
         if self.model is None:
             self.show_error("No model loaded", "load a target model first; the draft model drafts for it")
             return
-        self.load_model(self.model.model, self.model.n_ctx, draft=draft_path)
+        self.load_model(self.model.model, self.model.n_ctx, draft=draft_path, backend=self.model.backend)
 
     def _on_loading(self, spec: str) -> None:
         """A load started; the model loaded before stays in use (and shown) until it is ready."""

@@ -23,7 +23,7 @@ from backends.bench import TurnRun, decode_rate, divergence
 from backends.core.errors import Cancelled, PromptTooLongError, SpecDeckError
 from backends.core.types import Event, Finished, GenerationSettings, Prefilled, Step
 from backends.drafters import baseline_method, is_baseline
-from backends.factory import Session, SessionConfig
+from backends.factory import Session, SessionConfig, backend_named
 from backends.hardware.observed import ObservedStore
 from backends.hardware.telemetry import Sampler, energy_joules
 from backends.models.catalog import CATALOG, resolve_model
@@ -72,6 +72,7 @@ class ModelReady:
     seconds: float
     plain_tok_s: float | None = None  # this model's plain decoding as measured on this machine (None: never run here)
     placement: str = "CPU"  # where the target runs: "CPU", "GPU (CUDA, ...)", "12 of 31 layers on GPU ..."
+    backend: str = "llamacpp"  # what runs it (backends.factory.BACKENDS)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ class Worker(QObject):
             model=str(config.model), name=display_name(str(config.model)), path=str(session.model.path),
             n_ctx=session.target.n_ctx, draft_model=config.draft_model, offers=session.offers,
             has_template=session.model.chat_format.template is not None, seconds=seconds, placement=session.placement,
-            plain_tok_s=self._plain_rate(session),
+            plain_tok_s=self._plain_rate(session), backend=config.backend,
         )
 
     def _load_failed(self, failure: Failure, previous: SessionConfig | None) -> None:
@@ -242,7 +243,7 @@ class Worker(QObject):
         """Keep what a finished run measured (the recommender and the plain-decoding line use it)."""
         if finished.reason == "cancelled":
             return
-        self.store.record_run(session.model.path, "chat", finished.stats)
+        self.store.record_run(session.model.path, "chat", replace(finished.stats, method=session.observed_method(finished.stats.method)))
         if is_baseline(finished.stats.method):
             rate = self._plain_rate(session)
             if rate is not None:
@@ -253,7 +254,7 @@ class Worker(QObject):
         (chat answers and comparisons; a running average), or None when it was never run here.
         Estimates (the roofline, one forward's time) leave out sampling and the engine's own work
         and promised 4-5x the real rate, so they are never drawn as the line to beat."""
-        seen = self.store.lookup(session.model.path, baseline_method(), "chat")
+        seen = self.store.lookup(session.model.path, session.observed_method(baseline_method()), "chat")
         return seen.decode_tok_s if seen is not None else None
 
     def _report_prefill(self, session: Session, request_id: int, total: int) -> None:
@@ -391,8 +392,9 @@ def display_name(spec: str) -> str:
 def preflight(config: SessionConfig) -> None:
     """Refuse, in words, a model (or draft) file whose GGUF header says it cannot load:
     cheaper than letting llama.cpp fail, and it runs before the working model is unloaded."""
-    for spec in filter(None, (config.model, config.draft_model)):
-        path = resolve_model(spec)
+    paths = [backend_named(config.backend).resolve(config.model)]
+    paths += [resolve_model(config.draft_model)] if config.draft_model else []
+    for path in paths:
         if path.is_file():
             read_gguf_info(path)  # raises ModelFileError: truncated, not a GGUF, corrupt header
 
@@ -401,8 +403,10 @@ def _room_for_both(session: Session, config: SessionConfig) -> bool:
     """Whether the new model's files fit in available RAM beside the loaded one (with 20%
     to spare for contexts and buffers). Only sizes are read: no model is opened."""
     try:
-        paths = [resolve_model(s) for s in filter(None, (config.model, config.draft_model))]
-        need = sum(p.stat().st_size if p.is_file() else 0 for p in paths) * 1.2
+        paths = [backend_named(config.backend).resolve(config.model)]
+        paths += [resolve_model(config.draft_model)] if config.draft_model else []
+        need = sum(p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.glob("*.safetensors"))
+                   for p in paths) * 1.2
     except (SpecDeckError, OSError):
         return False
     return need < psutil.virtual_memory().available

@@ -48,3 +48,44 @@ def test_a_derived_row_fills_in_once_made_and_names_tell_quantizations_apart(qtb
     finally:
         close_window(window)
         QGuiApplication.setApplicationDisplayName(old_name)
+
+
+def test_a_hugging_face_folder_is_listed_runs_on_pytorch_and_answers(qtbot, tmp_path, monkeypatch, smollm_f16_path):
+    """A safetensors folder in an added library folder: picking it switches "Run with" to PyTorch,
+    it loads there (the status bar says so) and answers; a GGUF picked afterwards can still run on
+    llama.cpp, and the choice is kept for the next start."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from tests.desktop_kit import ask
+    from tests.test_torch_backend import reference, write_hf_folder
+
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
+    models = tmp_path / "models"
+    models.mkdir()
+    folder = write_hf_folder(reference(smollm_f16_path.parent, smollm_f16_path.name), models / "smollm2-hf")
+    AutoTokenizer.from_pretrained(str(smollm_f16_path.parent), gguf_file=smollm_f16_path.name).save_pretrained(str(folder))
+    window = open_window(qtbot, tmp_path, autoload=None)
+    try:
+        library = window.library
+        library.add_folder(str(models))
+        row = _row(window, str(folder))
+        assert row is not None and "safetensors" in library.table.item(row, 0).text()
+        assert library.backend.currentData() == "llamacpp"
+        library.table.setCurrentCell(row, 0)
+        assert library.backend.currentData() == "torch"
+        library._load_row(row)
+        qtbot.waitUntil(lambda: window.model is not None, timeout=LOAD_TIMEOUT)
+        assert window.model.backend == "torch" and "PyTorch" in window.status_label.text()
+        recorder = ask(qtbot, window, "Name three primary colors.")
+        assert recorder.finished is not None and recorder.finished.tokens and recorder.steps > 0
+        window.save_settings()
+        assert window.settings.value("model/backend") == "torch"
+        library.set_backend("llamacpp")
+        window.load_model("smollm2-135m-q4_1", 1024, backend=library.backend.currentData())
+        qtbot.waitUntil(lambda: window.model is not None and window.model.model == "smollm2-135m-q4_1", timeout=LOAD_TIMEOUT)
+        assert window.model.backend == "llamacpp" and "PyTorch" not in window.status_label.text()
+    finally:
+        close_window(window)
