@@ -224,6 +224,11 @@ class Session:
         GPU (CUDA, NVIDIA GeForce RTX 3060), the rest on CPU"; what the status bar and the CLI say."""
         return self.backend.placement(self)
 
+    def observed_method(self, method: str) -> str:
+        """The name a method's measured speeds are kept under for this model (the observed-speeds
+        store): another backend's runs are another method's ("torch:ar"), as the bench names them."""
+        return method if self.backend.loads_weights else f"{self.backend.name}:{method}"
+
     # -- capabilities and costs ----------------------------------------------------------------
     @property
     def offers(self) -> frozenset[str]:

@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.hardware.fit import RuntimeSettings, plan
-from backends.hardware.shape import load_shape
+from backends.hardware.fit import RuntimeSettings, plan, torch_dtype_bytes
+from backends.hardware.shape import as_torch, load_shape
 from backends.hardware.types import HardwareReport
 from backends.llamacpp.model import mtp_in_header
 from backends.models.catalog import CATALOG, list_models
@@ -84,8 +84,9 @@ def scan_folder(folder: Path) -> list[LibraryEntry]:
     return entries
 
 
-def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int) -> EntryDetails:
-    """Off the GUI thread: header metadata and the fit label."""
+def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int, backend: str = "llamacpp") -> EntryDetails:
+    """Off the GUI thread: header metadata and the fit label (for the backend that would run it:
+    PyTorch holds a GGUF dequantized)."""
     path = entry.path
     if path is None or not path.exists():
         return EntryDetails(entry.spec, "-", "-", "-", "-", "-", "made on first use")
@@ -99,7 +100,8 @@ def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int) ->
     else:
         quant, params = f"{shape.weight_dtype_bytes * 8}-bit", None
         size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    fit = plan(shape, hw, RuntimeSettings(n_ctx=n_ctx)).label if hw is not None else "..."
+    runs = as_torch(shape, torch_dtype_bytes(hw)) if backend == "torch" or shape.format != "gguf" else shape
+    fit = plan(runs, hw, RuntimeSettings(n_ctx=n_ctx)).label if hw is not None else "..."
     return EntryDetails(
         entry.spec, architecture, f"{params / 1e6:.0f} M" if params else "-", quant,
         f"{shape.n_ctx_train:,}", f"{size / 2**20:,.0f} MiB", fit,
@@ -147,6 +149,7 @@ class ModelLibrary(QWidget):
             item.setEnabled(False)
             item.setToolTip("needs torch: pip install 'specdeck[torch]'")
         self.table.currentCellChanged.connect(lambda row, *_: self._fit_backend(row))
+        self.backend.currentIndexChanged.connect(lambda _: self.refresh_details())
         self.load_button = QPushButton("Load")
         self.load_button.clicked.connect(lambda: self._load_row(self.table.currentRow()))
         self.add_button = QPushButton("Add folder ...")
@@ -199,8 +202,8 @@ class ModelLibrary(QWidget):
                 self._fetch_details(made)
 
     def _fetch_details(self, entry: LibraryEntry) -> None:
-        hw, n_ctx = self.hardware, self.ctx.value()
-        run_job(self, lambda: entry_details(entry, hw, n_ctx), self._show_details,
+        hw, n_ctx, backend = self.hardware, self.ctx.value(), self.backend.currentData()
+        run_job(self, lambda: entry_details(entry, hw, n_ctx, backend), self._show_details,
                 lambda msg: self._show_error(entry.spec, msg))
 
     def set_hardware(self, report: HardwareReport) -> None:

@@ -247,3 +247,16 @@ def test_an_unknown_backend_is_refused_by_name():
 
     with pytest.raises(SpecDeckError, match="unknown backend 'tpu'"):
         Session(SessionConfig(model="smollm2-135m-q4_1", backend="tpu"))
+
+
+@pytest.mark.parametrize("fixture", ["smollm_q4_path", "gemma_path"], ids=["smollm2-q4_1", "gemma3-q4_k_m"])
+def test_the_fit_estimate_of_a_gguf_on_torch_counts_the_dequantized_weights(fixture, request):
+    """The library's fit column for "Run with: PyTorch" sizes the weights the torch model really
+    holds (float32 here, whatever the file's quantization), within 1%."""
+    from backends.hardware.shape import as_torch, load_shape
+
+    path = request.getfixturevalue(fixture)
+    shape, weights = load_weights(path)
+    held = sum(w.numel() * 4 for w in weights.values())
+    estimate = as_torch(load_shape(path), 4).weights_bytes
+    assert abs(estimate - held) / held < 0.01, f"estimated {estimate / 2**20:.1f} MiB, the model holds {held / 2**20:.1f} MiB"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from backends.core.errors import ModelFileError
@@ -227,3 +227,19 @@ def _cfg_int(config: dict, where: Path, key: str) -> int:
     if not isinstance(value, int) or value <= 0:
         raise ModelFileError(f"{where} has no valid '{key}'")
     return value
+
+
+def as_torch(shape: ModelShape, dtype_bytes: int) -> ModelShape:
+    """The model as SpecDeck's PyTorch backend holds it: every weight in one dtype of
+    ``dtype_bytes`` (a GGUF is dequantized; float32 on CPUs without native bfloat16), the KV cache
+    and activations in it too, a tied output layer sharing the embedding table."""
+    if shape.format == "safetensors" and shape.weight_dtype_bytes == dtype_bytes:
+        return shape
+    d = shape.n_embd
+    attention = [d * shape.n_head * shape.key_length + d * kv * (shape.key_length + shape.value_length)
+                 + shape.n_head * shape.value_length * d for kv in shape.head_kv]
+    blocks = tuple(dtype_bytes * (a + 3 * d * shape.n_ff + 4 * d) for a in attention)
+    table = dtype_bytes * shape.n_vocab * d
+    return replace(shape, format="safetensors", block_bytes=blocks, embd_bytes=table, output_bytes=table,
+                   other_bytes=dtype_bytes * d, weight_dtype_bytes=dtype_bytes, quantized=False)
+
