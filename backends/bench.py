@@ -135,6 +135,7 @@ class BenchConfig:
     method_settings: dict = field(default_factory=dict)  # method -> {setting: value}
     heads: tuple[str, ...] = ()  # trained head files (else those found for the model)
     dtype: str = "auto"  # the torch backend's precision, for "torch:..." methods
+    backend: str = "llamacpp"  # what runs methods named without a backend (ar, pld ...), and the reference
 
 
 @dataclass(frozen=True)
@@ -234,9 +235,10 @@ class _FirstToken:
 
 
 class HFPeerRunner:
-    """transformers' ``generate`` on the same model file (its GGUF reader), fp32, greedy only."""
+    """transformers' ``generate`` on the same model file (its GGUF reader) or folder, greedy only, in
+    the torch session's precision and device (else fp32 on the CPU)."""
 
-    def __init__(self, session: Session, method: str, *, draft_model: str | None = None) -> None:
+    def __init__(self, session: Session, method: str) -> None:
         try:
             import torch
             from transformers import AutoModelForCausalLM
@@ -246,8 +248,17 @@ class HFPeerRunner:
         if session.target.n_threads:
             torch.set_num_threads(session.target.n_threads)
 
+        # the torch backend's device and precision when the session runs on it, else fp32 on the CPU
+        torch_model = getattr(session.target, "model", None)
+        dtype = getattr(torch_model, "dtype", torch.float32)
+        self.device = getattr(torch_model, "device", torch.device("cpu"))
+
         def load(path: Path):
-            return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+            if path.is_dir():  # a Hugging Face folder: its own weights, never its code
+                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+            return model.to(self.device).eval()
 
         self.model = load(Path(session.model.path))
         self.extra: dict = {}
@@ -266,7 +277,7 @@ class HFPeerRunner:
         t0 = time.monotonic()
         with CpuWatch() as watch, torch.inference_mode():
             start = time.perf_counter()
-            out = self.model.generate(torch.tensor([prompt]), max_new_tokens=gen.max_new_tokens, do_sample=False,
+            out = self.model.generate(torch.tensor([prompt], device=self.device), max_new_tokens=gen.max_new_tokens, do_sample=False,
                                       eos_token_id=sorted(eog), pad_token_id=sorted(eog)[0], streamer=streamer, **self.extra)
             end = time.perf_counter()
         tokens = out[0, len(prompt):].tolist()
@@ -283,21 +294,21 @@ class HFPeerRunner:
         self.model = self.extra = None
 
 
-def split_method(name: str) -> tuple[str, str]:
-    """("torch", "eagle2") for "torch:eagle2"; a name without a backend runs on llama.cpp."""
+def split_method(name: str, default: str = "llamacpp") -> tuple[str, str]:
+    """("torch", "eagle2") for "torch:eagle2"; a name without a backend runs on ``default``."""
     backend, sep, method = name.rpartition(BACKEND_SEP)
-    return (backend, method) if sep else ("llamacpp", name)
+    return (backend, method) if sep else (default, name)
 
 
 def is_peer(name: str) -> bool:
     return name in PEERS or name in HF_PEERS
 
 
-def reference_of(name: str, methods: Sequence[str]) -> str:
+def reference_of(name: str, methods: Sequence[str], default: str = "llamacpp") -> str:
     """The plain decoding a method's output is checked against: its own backend's when the run has it."""
-    backend, _ = split_method(name)
+    backend, _ = split_method(name, default)
     own = f"{backend}{BACKEND_SEP}{baseline_method()}"
-    return own if backend != "llamacpp" and own in methods else baseline_method()
+    return own if backend != default and own in methods else baseline_method()
 
 
 # -- playing prompts -------------------------------------------------------------------------------
@@ -587,7 +598,7 @@ def run_bench(config: BenchConfig, *, out: TextIO = sys.stdout, progress: TextIO
     prompts = load_prompts(config.prompts or default_prompts(), per_category=config.per_category, categories=config.categories)
     sampling = SamplingSettings(temperature=config.temperature, seed=config.seed)
     gen = GenerationSettings(max_new_tokens=config.max_new_tokens, sampling=sampling)
-    session = Session(_session_config(config))
+    session = Session(_session_config(config, config.backend))
     sampler = Sampler.for_this_machine()
     if not sampler.has_power:  # no power reading to integrate: telemetry would only cost CPU
         sampler.stop()
@@ -614,7 +625,7 @@ class _Runners:
 
     def __init__(self, session: Session, config: BenchConfig, methods: Sequence[str]) -> None:
         self.config = config
-        self.sessions: dict[str, Session] = {"llamacpp": session}
+        self.sessions: dict[str, Session] = {config.backend: session}
         self.runners = {m: self._runner(m) for m in methods}
 
     def session(self, backend: str) -> Session:
@@ -624,10 +635,10 @@ class _Runners:
 
     def _runner(self, name: str):
         if name in PEERS:
-            return PeerRunner(self.sessions["llamacpp"], name)
+            return PeerRunner(self.session("llamacpp"), name)
         if name in HF_PEERS:
-            return HFPeerRunner(self.sessions["llamacpp"], name)
-        backend, method = split_method(name)
+            return HFPeerRunner(self.sessions[self.config.backend], name)
+        backend, method = split_method(name, self.config.backend)
         return EngineRunner(self.session(backend), method, self.config.method_settings.get(name, {}))
 
     def close(self) -> None:
@@ -635,7 +646,7 @@ class _Runners:
             if hasattr(runner, "close"):
                 runner.close()
         for backend, session in self.sessions.items():
-            if backend != "llamacpp":  # the caller's
+            if backend != self.config.backend:  # the caller's
                 session.close()
 
 
@@ -677,7 +688,7 @@ def _run_prompts(session: Session, pool: _Runners, config: BenchConfig, methods:
             for m in order if repeat % 2 == 0 else order[::-1]:
                 results[m].append(play(runners[m], runners[m].session, prompt, gen))
         for m in methods:
-            ref = reference_of(m, methods)
+            ref = reference_of(m, methods, config.backend)
             div = None if m == ref else divergence(runners[ref].session, results[m][0], results[ref][0], gen.sampling)
             records.append(make_record(m, prompt, results[m], results[plain], div, is_peer(m), sampler))
         elapsed = time.perf_counter() - started
@@ -685,7 +696,8 @@ def _run_prompts(session: Session, pool: _Runners, config: BenchConfig, methods:
               + ", ".join(f"{r['method']} {r['speedup']:.2f}x" for r in records[-len(methods):]) + f" ({elapsed:.0f} s)",
               file=progress, flush=True)
     print_costs(costs, [c for c in costs.contexts if c not in measured_at_load], progress)  # at the first long prompt
-    remember(session.model.path, records)
+    if config.backend == "llamacpp":  # the recommender plans llama.cpp's methods
+        remember(session.model.path, records)
     summary = summarize(records, methods)
     print(markdown(summary, methods), file=out)
     rivals = against_fastest(records, methods)

@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"comma-separated: {', '.join(REGISTRY)}, peer-llamacpp, peer-llamacpp-pld; "
                             "torch:METHOD runs METHOD on the PyTorch backend in the same run; hf-ar, hf-pld, "
                             "hf-assisted are transformers' own generate (plain, prompt lookup, --draft-model assisting)")
+    bench.add_argument("--backend", default="llamacpp", choices=("llamacpp", "torch"),
+                       help="what runs the methods named without a backend, ar among them (torch for a Hugging Face folder)")
     bench.add_argument("--prompts", type=Path, default=None, help="Spec-Bench JSONL (default ../shared/benchmarks/...)")
     bench.add_argument("--per-category", type=int, default=10)
     bench.add_argument("--categories", default=None, help="comma-separated (mt_bench, translation, ...)")
@@ -383,7 +385,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, repeats=args.repeats,
         n_ctx=args.n_ctx, n_threads=args.threads, n_gpu_layers=args.n_gpu_layers, flash_attn=args.flash_attn,
         method_settings=_with_datastore(_method_settings(args.set), args.datastore), heads=tuple(args.head),
-        dtype=args.dtype,
+        dtype=args.dtype, backend=args.backend,
     )
     result = run_bench(config)
     if args.json:

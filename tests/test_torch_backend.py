@@ -260,3 +260,26 @@ def test_the_fit_estimate_of_a_gguf_on_torch_counts_the_dequantized_weights(fixt
     held = sum(w.numel() * 4 for w in weights.values())
     estimate = as_torch(load_shape(path), 4).weights_bytes
     assert abs(estimate - held) / held < 0.01, f"estimated {estimate / 2**20:.1f} MiB, the model holds {held / 2**20:.1f} MiB"
+
+
+def test_the_bench_runs_the_torch_backend_beside_llama_cpp_and_transformers(smollm_f16_path, tmp_path):
+    """``--backend torch``: ar and pld on the torch model, llama.cpp's ar and transformers' generate
+    beside them in the same run; torch's ar and transformers' greedy text agree (same weights,
+    fp32), and every row is checked against the torch ar."""
+    import io
+    from pathlib import Path
+
+    from backends.bench import BenchConfig, run_bench
+
+    sample = Path(__file__).parent / "data" / "spec_bench_sample.jsonl"
+    config = BenchConfig(model=str(smollm_f16_path), methods=("ar", "pld", "llamacpp:ar", "hf-ar"), prompts=sample,
+                         per_category=1, categories=("translation",), max_new_tokens=24, backend="torch", dtype="float32")
+    out = io.StringIO()
+    result = run_bench(config, out=out, progress=out)
+    rows = {(r["method"], r["question_id"]): r for r in result["records"]}
+    assert {m for m, _ in rows} == {"ar", "pld", "llamacpp:ar", "hf-ar"}
+    for (method, _), record in rows.items():
+        assert record["new_tokens"] > 0 and record["decode_tok_s"] > 0
+        if method in ("pld", "hf-ar"):
+            assert record["matches_ar"] or record["divergence"]["near_tie"], f"{method}: {record['divergence']}"
+    assert "llamacpp:ar" in out.getvalue() and "hf-ar" in out.getvalue()

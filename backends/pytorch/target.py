@@ -126,10 +126,12 @@ class TorchTarget:
         mask = torch.ones((n, start + n), dtype=torch.bool)
         mask[:, start:] = torch.from_numpy(tree_mask)
         states = self._layers if self._keep_hidden else ()
+        device = self.model.device
         logits, hidden = self.model.forward(
-            torch.tensor(tokens, dtype=torch.long), torch.from_numpy(start + depths.astype(np.int64)), self.cache,
-            start=start, mask=mask.to(self.model.device), logits_rows=logits_rows, states=states,
-            layers=self.layers if self.skip else None)
+            torch.tensor(tokens, dtype=torch.long, device=device),
+            torch.from_numpy(start + depths.astype(np.int64)).to(device), self.cache,
+            start=start, mask=mask.to(device), logits_rows=None if logits_rows is None else logits_rows.to(device),
+            states=states, layers=self.layers if self.skip else None)
         return logits, None if hidden is None else hidden.cpu().numpy()
 
     def _chain(self, tokens: Sequence[int], *, last_logits: bool) -> torch.Tensor | None:
