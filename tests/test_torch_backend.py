@@ -294,3 +294,30 @@ def test_the_bench_runs_the_torch_backend_beside_llama_cpp_and_transformers(smol
         if method in ("pld", "hf-ar"):
             assert record["matches_ar"] or record["divergence"]["near_tie"], f"{method}: {record['divergence']}"
     assert "llamacpp:ar" in out.getvalue() and "hf-ar" in out.getvalue()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampling"])
+def test_logits_left_on_the_device_give_the_same_verdicts(temperature):
+    """A GPU's logits stay there (``TorchLogits``: only top tokens and sampled rows cross): the
+    acceptance rules decide exactly as with the host array, for chains and trees, greedy and
+    sampled (checked on CPU tensors, the same code path minus the device)."""
+    from backends.core.acceptance import accept
+    from backends.core.types import SamplingSettings, TargetOutput
+    from backends.pytorch.target import TorchLogits
+
+    rng = np.random.default_rng(0)
+    accepted = 0
+    for trial in range(40):
+        logits = rng.normal(size=(7, 50)).astype(np.float32) * 3
+        parents = (-1, 0, 1, 2, 3, 4) if trial % 2 else (-1, 0, 0, 1, 2, -1)
+        tokens = [int(t) for t in rng.integers(0, 50, size=6)]
+        for i, parent in enumerate(parents):  # most guesses are the target's top token: long paths get accepted
+            if rng.random() < 0.7:
+                tokens[i] = int(np.argmax(logits[parent + 1]))
+        proposal = Proposal(tuple(tokens), parents)
+        sampling = SamplingSettings(temperature=temperature, seed=trial)
+        verdicts = [accept(TargetOutput(logits=x), proposal, settings=sampling, rng=np.random.default_rng(trial), history=[1, 2])
+                    for x in (logits, TorchLogits(torch.from_numpy(logits)))]
+        assert verdicts[0] == verdicts[1]
+        accepted += verdicts[0].accepted
+    assert accepted > 20  # the rules did walk down the trees

@@ -6,7 +6,7 @@ See ``backends.core`` for the vocabulary (target p, draft q, root, accepted, bon
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Sequence, Union
+from typing import Callable, Hashable, Protocol, Sequence, Union
 
 import numpy as np
 
@@ -184,6 +184,18 @@ class RankedTree:
         return RankedTree(self.tokens[keep], parents, self.probs[keep], self.bucket)
 
 
+class DeviceLogits(Protocol):
+    """Logits that stay on the device that computed them (a GPU): [1 + n_nodes, vocab] there, and
+    only what the acceptance rule reads crosses to the host: the top token of the rows on the
+    accepted path (a few integers), a row's floats where sampling needs them."""
+
+    def row(self, i: int) -> np.ndarray:
+        """Row ``i`` as a host [vocab] float32 array."""
+
+    def argmax(self, rows: list[int] | None) -> np.ndarray:
+        """The top token of each of ``rows`` (all when None), host int64."""
+
+
 class StaleLogitsError(RuntimeError):
     """Logits read after the target's next forward overwrote them (a programming error)."""
 
@@ -201,7 +213,9 @@ class TargetOutput:
     ``fresh`` is None owns its array (the oracle, tests).
     """
 
-    logits: np.ndarray  # [1 + n_nodes, vocab] float32, possibly a read-only view (see above)
+    # [1 + n_nodes, vocab] float32, possibly a read-only view (see above); or ``DeviceLogits`` that
+    # stay where a GPU computed them and hand over only the rows and top tokens that are read
+    logits: np.ndarray | DeviceLogits
     hidden: np.ndarray | None = None  # [1 + n_nodes, d_model], only from targets offering HIDDEN_STATES
     seconds: float = 0.0  # wall time of the forward as the target measured it (feeds the cost model)
     fresh: Callable[[], bool] | None = None  # None: the array is owned; else False once overwritten
@@ -214,16 +228,22 @@ class TargetOutput:
     def row(self, i: int) -> np.ndarray:
         """A copy of row ``i`` ([vocab] float32): the root's for 0, node ``i - 1``'s otherwise."""
         self._check()
+        if not isinstance(self.logits, np.ndarray):
+            return self.logits.row(i)
         return np.array(self.logits[i])
 
     def top(self, i: int) -> int:
         """The top token of row ``i``, read in place."""
         self._check()
+        if not isinstance(self.logits, np.ndarray):
+            return int(self.logits.argmax([i])[0])
         return int(np.argmax(self.logits[i]))
 
     def argmax(self, rows: Sequence[int] | None = None) -> np.ndarray:
         """The top token of each of ``rows`` (all by default), [len(rows)] int64, read in place."""
         self._check()
+        if not isinstance(self.logits, np.ndarray):
+            return self.logits.argmax(None if rows is None else list(rows))
         if rows is None:
             return np.argmax(self.logits, axis=1)
         return np.array([np.argmax(self.logits[r]) for r in rows], dtype=np.int64)

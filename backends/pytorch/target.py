@@ -32,6 +32,29 @@ from backends.pytorch.model import Transformer
 NONE = torch.zeros(0, dtype=torch.long)  # logits_rows asking for no logits
 
 
+class TorchLogits:
+    """A verify's logits left on the GPU (``DeviceLogits``): the acceptance rule's top tokens come
+    over as a few integers, a row only where sampling reads it; never [n_nodes, vocab] a step."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.tensor = logits  # [1 + n_nodes, vocab] float32 on the device
+
+    def __len__(self) -> int:
+        return len(self.tensor)
+
+    def row(self, i: int) -> np.ndarray:
+        return self.tensor[i].cpu().numpy()
+
+    def argmax(self, rows: list[int] | None) -> np.ndarray:
+        picked = self.tensor if rows is None else self.tensor[rows]
+        return picked.argmax(dim=-1).cpu().numpy().astype(np.int64)
+
+
+def host_or_device(logits: torch.Tensor) -> np.ndarray | TorchLogits:
+    """CPU logits as a numpy view of the same memory (no copy); a GPU's stay there."""
+    return logits.numpy() if logits.device.type == "cpu" else TorchLogits(logits)
+
+
 class TorchTarget:
     """One KV cache over a loaded ``Transformer``; implements the engine's target protocol."""
 
@@ -238,7 +261,10 @@ class TorchTarget:
         logits, hidden = self._forward([root, *proposal.tokens], depths, mask, logits_rows=None)
         self._pending = (int(root), list(proposal.tokens))
         self._last_hidden = hidden
-        return TargetOutput(logits=logits.cpu().numpy(), hidden=hidden, seconds=time.perf_counter() - start)
+        out = host_or_device(logits)
+        if not isinstance(out, np.ndarray):
+            torch.cuda.synchronize(self.model.device)  # the forward's time, not its launch
+        return TargetOutput(logits=out, hidden=hidden, seconds=time.perf_counter() - start)
 
     def commit(self, verdict: Verdict) -> None:
         """Keep the root and the accepted path of the last verify, in consecutive slots."""
