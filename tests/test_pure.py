@@ -495,3 +495,27 @@ def test_the_planner_verifies_what_pays_on_this_curve_and_fits_one_forward():
     assert plan_nodes(tree, flat, Budget(max_nodes=8, max_depth=1)) == [0, 2]
     assert plan_nodes(tree, flat, Budget(max_nodes=8, max_depth=8, max_paths=1)) == [0, 1]
     assert plan_nodes(tree, [1.0, 1.3, 1.6, 1.9, 2.2], Budget(max_nodes=8, max_depth=8)) == [0, 1]
+
+
+def test_kept_states_follow_the_cache_as_the_docstring_says():
+    """Both backends keep states with ``KeptStates``: its worked example, and its refusals."""
+    import numpy as np
+    import pytest
+
+    from backends.core.errors import BackendError
+    from backends.core.kept_states import KeptStates
+
+    kept = KeptStates(32, 2)
+    kept.begin_at(4)  # a prefill of 10 tokens asking for states from position 4
+    kept.store(4, np.arange(12, dtype=np.float32).reshape(6, 2))
+    kept.store(10, np.full((2, 2), 7, np.float32))  # the root and one accepted node of a verify
+    assert (kept.start, kept.end) == (4, 12) and kept.read(10, 12).tolist() == [[7, 7], [7, 7]]
+    kept.forget(8)
+    assert (kept.start, kept.end) == (4, 8) and kept.read(4, 5).tolist() == [[0, 1]]
+    assert kept.reusable(6) == 8 and kept.reusable(9) == 9  # a run reaching back to 6 is kept, one to 9 is not
+    kept.store(20, np.zeros((1, 2), np.float32))  # does not continue the run: ignored
+    assert kept.end == 8 and kept.read(3, 3).shape == (0, 2)
+    with pytest.raises(BackendError, match="positions 4..7 have one"):
+        kept.read(2, 6)
+    kept.begin_at(9)  # states asked for from 9 on, past the run's end: a new run starts there
+    assert (kept.start, kept.end) == (9, 9)

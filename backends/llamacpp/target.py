@@ -46,6 +46,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from backends.core.errors import BackendError, Cancelled
+from backends.core.kept_states import KeptStates
 from backends.core.tree import compile_tree
 from backends.core.types import (HIDDEN_STATES, LAYER_STATES, NATIVE_EAGLE3, NATIVE_MTP, ROLLBACK, SEQUENCES, TREE, Proposal, TargetLimits,
                                  TargetOutput, Verdict)
@@ -132,9 +133,7 @@ class LlamaTarget:
         self.hidden_size: int = self._reader.width
         self._keep_hidden = False  # the last prefill asked for hidden states: every forward returns them
         self._embeddings = False  # what llama_set_embeddings was last told
-        self._states: np.ndarray | None = None  # [n_ctx, hidden_size] float16, the cached positions' states
-        self._states_from = 0  # positions _states_from .. _n_states - 1 have a state
-        self._n_states = 0
+        self._kept = KeptStates(self.n_ctx, self.hidden_size)  # the cached positions' states (float16)
         self._last_hidden: np.ndarray | None = None  # [1 + n_nodes, hidden_size] of the last verify
         self._views()
 
@@ -214,7 +213,7 @@ class LlamaTarget:
     def reset(self) -> None:
         llama().llama_memory_clear(self.mem, True)
         self._tokens = []
-        self._states_from = self._n_states = 0
+        self._kept.clear()
 
     def truncate(self, n: int) -> None:
         """Forget everything from position ``n`` on; raises ``BackendError`` when the cache cannot
@@ -234,8 +233,7 @@ class LlamaTarget:
         if not llama().llama_memory_seq_rm(self.mem, 0, n, -1):
             return False
         del self._tokens[n:]
-        self._n_states = min(self._n_states, n)
-        self._states_from = min(self._states_from, self._n_states)
+        self._kept.forget(n)
         return self._holds(n)
 
     def _holds(self, n: int) -> bool:
@@ -270,25 +268,17 @@ class LlamaTarget:
         if hidden:
             self._choose_layers(tuple(layers))
         self._keep_hidden = hidden
-        if hidden and self._states is None:
-            self._states = np.empty((self.n_ctx, self.hidden_size), dtype=np.float16)  # pages fill as used
         common = 0
-        limit = min(len(tokens), len(self._tokens), self._reusable(hidden_from) if hidden else len(self._tokens))
+        limit = min(len(tokens), len(self._tokens), self._kept.reusable(hidden_from) if hidden else len(self._tokens))
         while common < limit and tokens[common] == self._tokens[common]:
             common += 1
         if common < len(self._tokens) and not self._forget(common):
             self.reset()
         reused = len(self._tokens)
-        first = max(reused, hidden_from)  # the first state this prefill computes
-        if hidden and not self._states_from <= first == self._n_states:
-            self._states_from = self._n_states = first  # the kept states do not run up to it: start afresh
+        if hidden:
+            self._kept.begin_at(max(reused, hidden_from))  # the first state this prefill computes
         self._decode_chunks(tokens[reused:], last_logits=False, stop=stop, hidden_from=hidden_from)
         return reused
-
-    def _reusable(self, hidden_from: int) -> int:
-        """How much of the cache a prefill that wants states from ``hidden_from`` on can keep: up
-        to the last kept state when the kept ones reach back to ``hidden_from``, else up to it."""
-        return self._n_states if self._states_from <= hidden_from <= self._n_states else hidden_from
 
     def extend(self, tokens: Sequence[int]) -> TargetOutput:
         """Append ``tokens`` in chunks of ``n_batch``; the logits after the last one (a copy, [1, vocab])."""
@@ -304,12 +294,9 @@ class LlamaTarget:
     def hidden_states(self, start: int, end: int) -> np.ndarray:
         """The hidden states of cached positions ``start .. end - 1``, [end - start, hidden_size]
         float32 (a copy); only after a prefill that asked for them."""
-        if start == end and self._keep_hidden:
-            return np.zeros((0, self.hidden_size), np.float32)
-        if not self._keep_hidden or self._states is None or end > self._n_states or not self._states_from <= start <= end:
-            raise BackendError(f"hidden states of positions {start}..{end - 1} were not kept "
-                               f"(positions {self._states_from}..{self._n_states - 1} have one)")
-        return self._states[start:end].astype(np.float32)
+        if not self._keep_hidden:
+            raise BackendError(f"hidden states of positions {start}..{end - 1} were not kept (no prefill asked for them)")
+        return self._kept.read(start, end)
 
     def _choose_layers(self, layers: tuple[int, ...]) -> None:
         """Hand out the states of ``layers`` from now on; the kept states of others are dropped."""
@@ -321,7 +308,7 @@ class LlamaTarget:
         self._use_embeddings(False)
         self._reader = StateReader(self.ctx, self.model.n_embd, layers)
         self.hidden_size = self._reader.width
-        self._states, self._states_from, self._n_states = None, 0, 0
+        self._kept = KeptStates(self.n_ctx, self.hidden_size)
 
     def _use_embeddings(self, on: bool) -> None:
         """States on or off for the next forwards: embeddings (every row an output) for the final
@@ -335,12 +322,6 @@ class LlamaTarget:
     def _read_hidden(self, n: int) -> np.ndarray:
         """The [n, hidden_size] states of the last forward's rows (all rows are outputs then)."""
         return self._reader.read(n)
-
-    def _store_states(self, position: int, rows: np.ndarray) -> None:
-        """Keep states for positions from ``position`` on, if they continue the kept ones."""
-        if self._states is not None and self._states_from <= position <= self._n_states:
-            self._states[position : position + len(rows)] = rows
-            self._n_states = position + len(rows)
 
     def _decode_chunks(self, tokens: list[int], *, last_logits: bool, stop: Callable[[], bool] | None = None,
                        hidden_from: int = 0) -> int:
@@ -364,7 +345,7 @@ class LlamaTarget:
                 self._out[row] = 1
             self._decode(len(chunk))
             if keep:
-                self._store_states(self.n_past, self._read_hidden(len(chunk)))
+                self._kept.store(self.n_past, self._read_hidden(len(chunk)))
             self._tokens.extend(chunk)
             start += len(chunk)
         self._use_embeddings(self._keep_hidden)  # what every later forward returns
@@ -424,7 +405,7 @@ class LlamaTarget:
                 lib.llama_memory_seq_cp(self.mem, seq, 0, -1, -1)
                 removed = lib.llama_memory_seq_rm(self.mem, seq, -1, -1) and removed
         if self._last_hidden is not None:
-            self._store_states(base, self._last_hidden[[0, *(i + 1 for i in verdict.path)]])
+            self._kept.store(base, self._last_hidden[[0, *(i + 1 for i in verdict.path)]])
             self._last_hidden = None
         self._tokens.append(root)
         self._tokens.extend(tokens[i] for i in verdict.path)

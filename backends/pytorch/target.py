@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from backends.core.errors import BackendError, Cancelled
+from backends.core.kept_states import KeptStates
 from backends.core.tree import compile_tree
 from backends.core.types import (FINAL_STATE, HIDDEN_STATES, LAYER_SKIP, LAYER_STATES, NO_LIMIT, ROLLBACK, TREE,
                                  Proposal, TargetLimits, TargetOutput, Verdict)
@@ -81,8 +82,7 @@ class TorchTarget:
         self._pending: tuple[int, list[int]] | None = None  # the last verify's root and nodes
         self._layers: tuple[int, ...] = (FINAL_STATE,)  # which states the forwards hand out
         self._keep_hidden = False
-        self._states: np.ndarray | None = None  # [n_ctx, hidden_size] float32, the cached positions' states
-        self._states_from = self._n_states = 0
+        self._kept = KeptStates(n_ctx, self.hidden_size, np.float32)  # the cached positions' states
         self._last_hidden: np.ndarray | None = None  # [1 + n_nodes, hidden_size] of the last verify
 
     @property
@@ -131,14 +131,13 @@ class TorchTarget:
     def reset(self) -> None:
         self._tokens = []
         self._pending = None
-        self._states_from = self._n_states = 0
+        self._kept.clear()
 
     def truncate(self, n: int) -> None:
         """Forget positions ``n`` and later (their slots are overwritten by the next forward)."""
         if n < len(self._tokens):
             del self._tokens[n:]
-            self._n_states = min(self._n_states, n)
-            self._states_from = min(self._states_from, self._n_states)
+            self._kept.forget(n)
 
     # -- forwards ------------------------------------------------------------------------------
     def _forward(self, tokens: Sequence[int], depths: np.ndarray, tree_mask: np.ndarray, *,
@@ -163,7 +162,7 @@ class TorchTarget:
         rows = torch.tensor([n - 1]) if last_logits else NONE
         logits, hidden = self._forward(tokens, np.arange(n), np.tril(np.ones((n, n), dtype=bool)), logits_rows=rows)
         if hidden is not None:
-            self._store_states(self.n_past, hidden)
+            self._kept.store(self.n_past, hidden)
         self._tokens.extend(int(t) for t in tokens)
         return logits
 
@@ -194,20 +193,17 @@ class TorchTarget:
             raise BackendError(f"{len(tokens)} tokens do not fit the {self.n_ctx}-token context")
         if hidden:
             self._choose_layers(tuple(layers) or (FINAL_STATE,))
-            if self._states is None:
-                self._states = np.zeros((self.n_ctx, self.hidden_size), dtype=np.float32)
         self._keep_hidden = hidden
         self._pending = None
         limit = min(len(tokens), len(self._tokens))
         if hidden:  # states must run from hidden_from (or the kept ones) up to the reused prefix
-            limit = min(limit, self._n_states if self._states_from <= hidden_from <= self._n_states else hidden_from)
+            limit = min(limit, self._kept.reusable(hidden_from))
         common = 0
         while common < limit and tokens[common] == self._tokens[common]:
             common += 1
         self.truncate(common)
-        first = max(common, hidden_from)
-        if hidden and not self._states_from <= first == self._n_states:
-            self._states_from = self._n_states = first
+        if hidden:
+            self._kept.begin_at(max(common, hidden_from))
         self._run(tokens[common:], last_logits=False, stop=stop, hidden_from=hidden_from)
         return common
 
@@ -217,21 +213,13 @@ class TorchTarget:
             raise BackendError(f"{self.name} has {self.model.shape.n_layer} layers; no layer {bad[0]}")
         if layers != self._layers:
             self._layers = layers
-            self._states, self._states_from, self._n_states = None, 0, 0
-
-    def _store_states(self, position: int, rows: np.ndarray) -> None:
-        if self._states is not None and self._states_from <= position <= self._n_states:
-            self._states[position : position + len(rows)] = rows
-            self._n_states = position + len(rows)
+            self._kept = KeptStates(self.n_ctx, self.hidden_size, np.float32)
 
     def hidden_states(self, start: int, end: int) -> np.ndarray:
         """The kept states of cached positions ``start .. end - 1``, [end - start, hidden_size] float32."""
-        if start == end and self._keep_hidden:
-            return np.zeros((0, self.hidden_size), np.float32)
-        if not self._keep_hidden or self._states is None or end > self._n_states or not self._states_from <= start <= end:
-            raise BackendError(f"hidden states of positions {start}..{end - 1} were not kept "
-                               f"(positions {self._states_from}..{self._n_states - 1} have one)")
-        return self._states[start:end].copy()
+        if not self._keep_hidden:
+            raise BackendError(f"hidden states of positions {start}..{end - 1} were not kept (no prefill asked for them)")
+        return self._kept.read(start, end)
 
     def extend(self, tokens: Sequence[int]) -> TargetOutput:
         """Append ``tokens``; the logits after the last one ([1, vocab], owned)."""
@@ -276,11 +264,11 @@ class TorchTarget:
         kept = torch.tensor([base, *(base + 1 + i for i in verdict.path)], device=self.model.device)
         self.cache.compact(base, kept)
         if self._last_hidden is not None:
-            self._store_states(base, self._last_hidden[[0, *(i + 1 for i in verdict.path)]])
+            self._kept.store(base, self._last_hidden[[0, *(i + 1 for i in verdict.path)]])
             self._last_hidden = None
         self._tokens.append(root)
         self._tokens.extend(tokens[i] for i in verdict.path)
 
     def close(self) -> None:
         """Nothing to free by hand: the cache goes with the object."""
-        self._states = None
+        self._kept = KeptStates(self.n_ctx, self.hidden_size, np.float32)
