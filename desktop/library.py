@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.hardware.fit import TORCH_AUTO_BYTES, RuntimeSettings, plan
+from backends.hardware.fit import RuntimeSettings, plan, torch_dtype_bytes
 from backends.hardware.shape import as_torch, load_shape
 from backends.hardware.types import HardwareReport
 from backends.llamacpp.model import mtp_in_header
@@ -100,7 +100,7 @@ def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int, ba
     else:
         quant, params = f"{shape.weight_dtype_bytes * 8}-bit", None
         size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    runs = as_torch(shape, TORCH_AUTO_BYTES) if backend == "torch" or shape.format != "gguf" else shape
+    runs = as_torch(shape, torch_dtype_bytes(hw)) if backend == "torch" or shape.format != "gguf" else shape
     fit = plan(runs, hw, RuntimeSettings(n_ctx=n_ctx)).label if hw is not None else "..."
     return EntryDetails(
         entry.spec, architecture, f"{params / 1e6:.0f} M" if params else "-", quant,

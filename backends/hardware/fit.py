@@ -292,7 +292,14 @@ def _max_fit(shape: ModelShape, rt: RuntimeSettings, gpu: str | None, extra: Ext
     return 0
 
 
-TORCH_AUTO_BYTES = 2  # the PyTorch backend's ``auto`` precision: bfloat16 (backends.pytorch.loader)
+def torch_dtype_bytes(hw: HardwareReport | None) -> int:
+    """What the PyTorch backend's ``auto`` precision takes per weight on this machine: bfloat16 on
+    an NVIDIA GPU or a CPU with native bfloat16 (AVX512-BF16, AMX), float32 otherwise
+    (``backends.pytorch.loader.device_and_dtype``, without importing torch)."""
+    if hw is None:
+        return 4
+    nvidia = any(g.vendor == "nvidia" and g.vram_total_bytes for g in hw.gpus)
+    return 2 if nvidia or {"avx512_bf16", "amx_bf16"} & set(hw.cpu.flags) else 4
 
 
 def _label(fits: bool, ngl: int, total: int) -> str:

@@ -231,7 +231,7 @@ def _cfg_int(config: dict, where: Path, key: str) -> int:
 
 def as_torch(shape: ModelShape, dtype_bytes: int) -> ModelShape:
     """The model as SpecDeck's PyTorch backend holds it: every weight in one dtype of
-    ``dtype_bytes`` (a GGUF is dequantized; bfloat16 unless float32 is asked for), the KV cache
+    ``dtype_bytes`` (a GGUF is dequantized; float32 on CPUs without native bfloat16), the KV cache
     and activations in it too, a tied output layer sharing the embedding table."""
     if shape.format == "safetensors" and shape.weight_dtype_bytes == dtype_bytes:
         return shape

@@ -1,11 +1,11 @@
 """Opening a model on the PyTorch backend: where it runs, in which precision, and its target.
 
-Precision: ``auto`` is bfloat16: on a CUDA GPU that supports it (float16 otherwise), and on the
-CPU too. Decoding a token reads every weight once, so half the bytes is most of the speed even
-where the CPU has no bfloat16 arithmetic and torch converts on the fly (AMD EPYC, AVX2 only,
-SmolLM2-135M: one token 33.8 ms in bf16 against 57.2 ms in fp32; 2 rows 49.6 against 103.9 ms).
-Wide verification is where fp32 wins on such a CPU (16 drafted tokens: 303 ms against 137 ms),
-and the planner sees that in the measured cost curve; ``--dtype float32`` chooses it outright.
+Precision: ``auto`` is bfloat16 on a CUDA GPU that supports it (float16 otherwise) and on a CPU
+that multiplies bfloat16 natively (AVX512-BF16, AMX); float32 on other CPUs. There bfloat16 is
+converted around every matmul: decoding one token is faster (it reads half the bytes; AMD EPYC,
+AVX2 only, SmolLM2-135M: 33.8 ms against 57.2 ms), but every batch is far slower (16 rows: 303 ms
+against 137 ms), so a prompt's prefill and any verification lose more than plain decoding
+gains. ``--dtype bfloat16`` takes it anyway (short prompts, plain decoding).
 """
 
 from __future__ import annotations
@@ -39,7 +39,24 @@ def device_and_dtype(dtype: str = "auto", device: str = "auto"):
         return dev, getattr(torch, dtype)
     if dev.type == "cuda":
         return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return dev, torch.bfloat16
+    return dev, torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16), as torch uses it."""
+    torch = require_torch()
+    try:
+        return bool(torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")) or _cpuinfo_bf16()
+    except AttributeError:
+        return _cpuinfo_bf16()
+
+
+def _cpuinfo_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
+    except (OSError, IndexError):
+        return False
+    return "avx512_bf16" in flags
 
 
 def open_torch_target(path: str | Path, *, token_piece: Callable[[int], bytes], eog_ids: frozenset[int],
