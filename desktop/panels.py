@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.core.types import HIDDEN_STATES, GenerationSettings, SamplingSettings
+from backends.core.types import HIDDEN_STATES, LAYER_SKIP, GenerationSettings, SamplingSettings
 from backends.drafters import DATASTORE, DRAFT_MODEL, FIRST_SHOWN, HEAD_PREFIX, REGISTRY, baseline_method, describe
 from backends.hardware.detect import format_report
 from backends.hardware.fit import FitReport
@@ -367,6 +367,7 @@ def _recommendation(best: Recommendation, usable: list[Recommendation]) -> str:
 _IN_THE_WINDOW = {  # requirements in the words of this window's controls (describe() speaks the CLI's)
     DRAFT_MODEL: "a smaller draft model with the loaded model's vocabulary",
     DATASTORE: "a datastore of your own texts (its datastore setting)",
+    LAYER_SKIP: "a backend that can run part of the model's layers (load the model with Run with: PyTorch, in Models)",
 }
 
 
