@@ -80,8 +80,10 @@ class Recorder:
         window.worker.answer_event.connect(self.on_event)
 
     def done(self) -> bool:
-        """The worker finished and the window has shown it (the chat is no longer streaming)."""
-        return self.finished is not None and not self.window.chat.streaming
+        """The worker finished, the window has shown it (the chat is no longer streaming) and the
+        worker is idle again ("finished" is sent before the run is recorded, so a model load
+        asked for in between would be refused as busy)."""
+        return self.finished is not None and not self.window.chat.streaming and not self.window.busy
 
     def on_event(self, ev) -> None:
         if isinstance(ev.event, Step):

@@ -77,7 +77,7 @@ def test_a_hugging_face_folder_is_listed_runs_on_pytorch_and_answers(qtbot, tmp_
         library.table.setCurrentCell(row, 0)
         assert library.backend.currentData() == "torch"
         library._load_row(row)
-        qtbot.waitUntil(lambda: window.model is not None, timeout=LOAD_TIMEOUT)
+        qtbot.waitUntil(lambda: window.model is not None and not window.busy, timeout=LOAD_TIMEOUT)
         assert window.model.backend == "torch" and "PyTorch" in window.status_label.text()
         recorder = ask(qtbot, window, "Name three primary colors.")
         assert recorder.finished is not None and recorder.finished.tokens and recorder.steps > 0
