@@ -23,6 +23,8 @@ from backends.hardware.observed import ObservedStore
 from backends.drafters import REGISTRY
 from backends.factory import Session
 from backends.models.chat import Message
+from backends.remote.client import RemoteError
+from backends.remote.session import RemoteSession
 
 HELP = """commands:
   /new            start a new conversation
@@ -36,7 +38,7 @@ def format_stats(stats: RunStats) -> str:
     parts = [(stats.method or "?") + (f" → {stats.played}" if stats.played else "")]
     if stats.decode_tok_s == stats.decode_tok_s:  # not NaN
         parts.append(f"{stats.decode_tok_s:.1f} tok/s decode")
-    if stats.prompt_tok_s == stats.prompt_tok_s:
+    if stats.prompt_tokens and stats.prompt_tok_s == stats.prompt_tok_s:  # a server may not say how long the prompt was
         parts.append(f"prompt {stats.prompt_tok_s:.0f} tok/s")
     if stats.drafted:
         parts.append(f"acceptance {stats.acceptance_rate:.0%}")
@@ -91,6 +93,25 @@ def answer(session: Session, state: ChatState, settings: GenerationSettings, out
     return None
 
 
+def answer_remote(session: RemoteSession, state: ChatState, settings: GenerationSettings, out: TextIO) -> RunStats | None:
+    """Stream one answer from a server to ``out``; Ctrl+C cancels it (the connection closes, so
+    the server stops generating). A failure raises ``RemoteError`` after the text it got is shown."""
+    cancel = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: cancel.set())
+    try:
+        for event in session.generate(state.conversation(), settings, cancel=cancel):
+            if isinstance(event, Step) and event.text:
+                out.write(event.text)
+                out.flush()
+            elif isinstance(event, Finished):
+                out.write("\n")
+                state.messages.append({"role": "assistant", "content": event.text})
+                return event.stats
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return None
+
+
 def _command(line: str, state: ChatState, out: TextIO) -> bool:
     """Handle a /command; returns False when the user wants to leave."""
     name, _, arg = line[1:].partition(" ")
@@ -111,8 +132,14 @@ def _command(line: str, state: ChatState, out: TextIO) -> bool:
     return True
 
 
-def chat_loop(session: Session, state: ChatState, settings: GenerationSettings,
-              inp: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:
+def chat_loop(session: Session | RemoteSession, state: ChatState, settings: GenerationSettings,
+              inp: TextIO | None = None, out: TextIO | None = None) -> None:
+    """Read messages and /commands until Ctrl+D; answer each on ``session`` (a local model, or a
+    server: then the server's own method answers and /method does not apply). ``inp``/``out``
+    default to the streams at call time (not at import), so a redirected stdin is read."""
+    inp = inp if inp is not None else sys.stdin
+    out = out if out is not None else sys.stdout
+    remote = isinstance(session, RemoteSession)
     interactive = inp.isatty()
     while True:
         if interactive:
@@ -126,7 +153,9 @@ def chat_loop(session: Session, state: ChatState, settings: GenerationSettings,
             out.write("(empty message: nothing sent)\n")
             continue
         if line.startswith("/"):
-            if not _command(line, state, out):
+            if remote and line.startswith("/method"):
+                out.write("(the server decides how it drafts; restart it with another method to change it)\n")
+            elif not _command(line, state, out):
                 break
             continue
         state.messages.append({"role": "user", "content": line})
@@ -135,14 +164,20 @@ def chat_loop(session: Session, state: ChatState, settings: GenerationSettings,
         out.write("assistant> ")
         out.flush()
         try:
-            stats = answer(session, state, settings, out)
+            stats = answer_remote(session, state, settings, out) if remote else answer(session, state, settings, out)
+        except RemoteError as exc:
+            if exc.partial:  # what was shown stays in the conversation, and the error says so
+                state.messages.append({"role": "assistant", "content": exc.partial})
+            else:
+                state.messages.pop()  # the message that could not be answered
+            out.write(f"\n(error: {exc})\n")
+            continue
         except SpecDeckError as exc:
             state.messages.pop()  # the message that could not be answered
             out.write(f"\n(error: {exc})\n")
             continue
         if stats is not None:
             out.write(format_stats(stats) + "\n")
-            if stats.finish_reason != "cancelled":  # what the recommender learns about this model here
+            if stats.finish_reason != "cancelled" and not remote:  # what the recommender learns about this model here
                 ObservedStore().record_run(session.model.path, "chat", stats)
         out.flush()
-

@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", default=None, help="system prompt")
     chat.add_argument("--max-new-tokens", type=int, default=512)
     chat.add_argument("--set", action="append", default=[], metavar="METHOD.NAME=VALUE", help="a method setting")
+    _add_server_args(chat, many=False)
 
     models = sub.add_parser("models", help="list, locate and derive models")
     msub = models.add_subparsers(dest="models_command", required=True)
@@ -143,6 +144,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, default=None, help="write every record and the summary here")
     bench.add_argument("--csv", type=Path, default=None, help="write one row per (method, prompt) here")
     bench.add_argument("--datastore", default=None, help="REST datastore file for rest (and specinfer with rest)")
+    _add_server_args(bench, many=True)
+    serve = sub.add_parser("serve", help="llama-cpp-python's OpenAI-compatible server on this PC's llama.cpp code",
+                           add_help=False)
+    serve.add_argument("server_args", nargs=argparse.REMAINDER, help="its own arguments (--model ID_OR_PATH --port N ...)")
+    launch = sub.add_parser("launch", help="the command that starts vLLM or llama-server with a speculative method")
+    launch.add_argument("engine", choices=("vllm", "llama-server"))
+    launch.add_argument("--model", required=True, help="the target (path or Hub id)")
+    launch.add_argument("--method", default="ar", help="SpecDeck's name: ar, pld, draft, eagle2, eagle3, medusa, mtp, suffix")
+    launch.add_argument("--draft", default=None, help="draft model or head (path or Hub id)")
+    launch.add_argument("--tokens", type=int, default=None, help="draft tokens per step (vLLM 5, llama-server 8)")
+    launch.add_argument("--port", type=int, default=None)
+    launch.add_argument("--host", default="127.0.0.1")
+    launch.add_argument("--tp", type=int, default=1, help="vLLM: tensor-parallel GPUs")
+    launch.add_argument("--pp", type=int, default=1, help="vLLM: pipeline-parallel stages")
+    launch.add_argument("--nodes", type=int, default=1, help="vLLM: machines (more than one: a Ray cluster)")
+    launch.add_argument("--head", default="", help="vLLM multi-node: the head node's address")
+    launch.add_argument("--vllm-version", default=None, help="vLLM's version when `vllm` is not on this machine")
+    launch.add_argument("--binary", default="llama-server", help="llama-server's path (its --help picks the flags)")
     store = sub.add_parser("datastore", help="REST datastores: your own texts indexed for retrieval drafting")
     ssub = store.add_subparsers(dest="datastore_command", required=True)
     sbuild = ssub.add_parser("build", help="tokenize a folder of texts (.txt/.md/.py ..., .jsonl) and index it")
@@ -310,7 +329,75 @@ def _session_config(args: argparse.Namespace):
                          backend=getattr(args, "backend", "llamacpp"), dtype=args.dtype)
 
 
+def _add_server_args(p: argparse.ArgumentParser, *, many: bool) -> None:
+    if many:
+        p.add_argument("--server", action="append", default=[], metavar="[NAME=]URL",
+                       help="bench OpenAI-compatible servers instead of local methods (the first is the baseline)")
+    else:
+        p.add_argument("--server", default=None, metavar="URL", help="chat with an OpenAI-compatible server (vLLM, llama-server)")
+        p.add_argument("--served-model", default=None, help="which of the server's models (default: its first)")
+    p.add_argument("--api-key-env", default="SPECDECK_API_KEY",
+                   help="environment variable holding the server's API key (else the key saved for its address)")
+
+
+def _server_key(args: argparse.Namespace, url: str) -> str | None:
+    from backends.remote.keys import load_key
+
+    return os.environ.get(args.api_key_env) or load_key(url)
+
+
+def cmd_chat_server(args: argparse.Namespace) -> int:
+    from backends.chat import ChatState, chat_loop
+    from backends.core.types import GenerationSettings, SamplingSettings
+    from backends.remote.client import ServerConfig
+    from backends.remote.session import RemoteSession
+
+    sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, sampling=sampling)
+    config = ServerConfig(args.server, api_key=_server_key(args, args.server), model=args.served_model)
+    with RemoteSession(config) as session:
+        print(f"SpecDeck chat · {session.info.label} · Ctrl+C stops an answer, Ctrl+D quits", file=sys.stderr)
+        chat_loop(session, ChatState(method="server", system=args.system), settings)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from backends.remote.serve import main as serve_main
+
+    rest = list(args.server_args)
+    return serve_main(rest[1:] if rest[:1] == ["--"] else rest)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    import shutil
+    import subprocess
+
+    from backends.remote import launch
+
+    if args.engine == "vllm":
+        found = shutil.which("vllm") if args.vllm_version is None else None
+        help_text = subprocess.run([found, "serve", "--help"], capture_output=True, text=True, timeout=120).stdout if found else None
+        generation = launch.vllm_generation(version=args.vllm_version, help_text=help_text)
+        spec = launch.VllmLaunch(args.model, args.method, draft=args.draft, num_tokens=args.tokens or 5,
+                                 host=args.host, port=args.port or 8000,
+                                 parallel=launch.Parallel(args.tp, args.pp, args.nodes, args.head))
+        plan = launch.vllm_plan(spec, generation=generation)
+    else:
+        binary = shutil.which(args.binary)
+        if binary is None:
+            raise SpecDeckError(f"{args.binary} not found; pass --binary PATH (its --help decides the flag spelling)")
+        help_text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60).stdout
+        plan = launch.llama_server_plan(args.model, flags=launch.llama_server_flags(help_text), method=args.method,
+                                        draft=args.draft, num_tokens=args.tokens or 8, host=args.host,
+                                        port=args.port or 8080, binary=binary)
+    print(plan.shell())
+    return 0
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
+    if args.server:
+        return cmd_chat_server(args)
     from backends.chat import ChatState, chat_loop
     from backends.core.types import GenerationSettings, SamplingSettings
     from backends.factory import Session
@@ -378,6 +465,8 @@ def cmd_datastore(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from backends.bench import BenchConfig, run_bench, write_csv, write_json
 
+    if args.server:
+        return cmd_bench_servers(args)
     config = BenchConfig(
         model=args.model, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
         draft_model=args.draft_model, prompts=args.prompts, per_category=args.per_category,
@@ -392,6 +481,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         write_json(result, args.json)
     if args.csv:
         write_csv(result, args.csv)
+    return 0
+
+
+def cmd_bench_servers(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from backends.remote.bench import parse_servers, run_server_bench
+
+    rows = parse_servers(args.server)
+    rows = [type(row)(row.name, replace(row.config, api_key=_server_key(args, row.config.url))) for row in rows]
+    result = run_server_bench(rows, prompts_file=args.prompts, per_category=args.per_category,
+                              categories=tuple(c.strip() for c in args.categories.split(",")) if args.categories else None,
+                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str))
     return 0
 
 
@@ -417,13 +521,17 @@ def _with_datastore(settings: dict[str, dict], datastore: str | None) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # everything after it is the server's own (argparse would take its options)
+        argv = ["serve", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("specdeck.llama").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
     from backends.hardware.commands import cmd_fit, cmd_hw, cmd_recommend
 
     handlers = {"models": cmd_models, "chat": cmd_chat, "bench": cmd_bench, "hw": cmd_hw, "fit": cmd_fit,
-                "recommend": cmd_recommend, "datastore": cmd_datastore, "train": cmd_train}
+                "recommend": cmd_recommend, "datastore": cmd_datastore, "train": cmd_train,
+                "serve": cmd_serve, "launch": cmd_launch}
     try:
         return handlers[args.command](args)
     except SpecDeckError as exc:

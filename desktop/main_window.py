@@ -43,6 +43,7 @@ from desktop.chat import ChatPanel
 from desktop.compare import ComparePanel
 from desktop.jobs import run_job
 from desktop.library import ModelLibrary
+from desktop.server import ConnectDialog
 from desktop.panels import HardwarePanel, MethodAdvice, MethodPanel, SamplingPanel, ScrollColumn
 from desktop.store import ConversationStore
 from desktop.train import TrainDialog
@@ -52,6 +53,7 @@ from desktop.worker import (
     CompareDone,
     CompareEvent,
     CompareRequest,
+    ConnectRequest,
     Failure,
     LoadRequest,
     ModelReady,
@@ -84,6 +86,8 @@ class MainWindow(QMainWindow):
     answer_request = Signal(object)
     compare_request = Signal(object)
     heads_changed = Signal()
+    connect_request = Signal(object)  # ConnectRequest
+    disconnect_request = Signal()
 
     def __init__(self, *, sampler: Sampler | None, store: ConversationStore, settings: QSettings,
                  autoload: str | None = DEFAULT_MODEL) -> None:
@@ -141,6 +145,8 @@ class MainWindow(QMainWindow):
         self.answer_request.connect(self.worker.answer)
         self.compare_request.connect(self.worker.compare)
         self.heads_changed.connect(self.worker.refresh_heads)
+        self.connect_request.connect(self.worker.connect_server)
+        self.disconnect_request.connect(self.worker.disconnect_server)
         w = self.worker
         w.loading.connect(self._on_loading)
         w.ready.connect(self._on_ready)
@@ -193,6 +199,7 @@ class MainWindow(QMainWindow):
         self.methods.draft_chosen.connect(self.load_draft)
         self.methods.train_requested.connect(self.open_train_dialog)
         self.train_dialog: TrainDialog | None = None
+        self.connect_dialog: ConnectDialog | None = None
         self.methods.runnable_changed.connect(self.compare.set_available)  # greyed, or settings incomplete
         self.sampling = SamplingPanel()
         self.charts = LiveCharts(self.sampler, has_gpu=bool(self.sampler and self.sampler.has_gpu))
@@ -214,9 +221,14 @@ class MainWindow(QMainWindow):
         self.progress.setMaximumWidth(200)
         self.cancel_load = QPushButton("Cancel loading")
         self.cancel_load.clicked.connect(self.stop)
+        self.server_button = QPushButton("Connect to a server ...")
+        self.server_button.setToolTip("Use vLLM, llama-server or another OpenAI-compatible server instead of a model "
+                                      "on this PC; the charts read the server's own counters")
+        self.server_button.clicked.connect(self._server_clicked)
         self.statusBar().addWidget(self.status_label, 1)
         self.statusBar().addPermanentWidget(self.progress)
         self.statusBar().addPermanentWidget(self.cancel_load)
+        self.statusBar().addPermanentWidget(self.server_button)
         self.progress.hide()
         self.cancel_load.hide()
         self.progress_timer = QTimer(self)
@@ -324,6 +336,24 @@ class MainWindow(QMainWindow):
         self._load = LoadRequest(SessionConfig(model=spec, draft_model=draft, n_ctx=n_ctx, backend=backend))
         self.load_request.emit(self._load)
 
+    def _server_clicked(self) -> None:
+        if self.model is not None and self.model.server:
+            self.disconnect_request.emit()
+            return
+        dialog = ConnectDialog(str(self.settings.value("server/url", "")), self)
+        dialog.connect_requested.connect(self.connect_server)
+        dialog.open()
+        self.connect_dialog = dialog
+
+    def connect_server(self, config) -> None:
+        """Answer from the server at ``config`` (a ServerConfig) from now on; until it answers the
+        check, the model in use stays in use."""
+        if self.busy:
+            self.show_error("Busy", "Stop the current answer or comparison before connecting to a server.")
+            return
+        self.settings.setValue("server/url", config.url)
+        self.connect_request.emit(ConnectRequest(config))
+
     def open_train_dialog(self, kind: str) -> None:
         """The train dialog for the loaded model (one at a time; a running one is shown again)."""
         if self.model is None:
@@ -364,12 +394,16 @@ class MainWindow(QMainWindow):
         self.library.refresh_made()  # a row made on first use (a derived variant) now has a file
         self.library.set_loaded(ready.path)
         self.status_label.setText(self._ready_text(ready))
+        self.server_button.setText("Disconnect" if ready.server else "Connect to a server ...")
         self._set_title(ready.name)
         self.charts.set_reference(ready.plain_tok_s)  # this model's measured plain decoding, or no line
         self.clear_error()
         self._refresh_advice()
 
     def _ready_text(self, ready: ModelReady) -> str:
+        if ready.server:
+            return (f"{ready.name} · {ready.placement} at {ready.server} · connected in {ready.seconds:.1f} s · "
+                    "the server drafts as it was started")
         draft = f" + draft {Path(ready.draft_model).name}" if ready.draft_model else ""
         return f"{ready.name}{draft} · on {ready.placement} · context {ready.n_ctx} · loaded in {ready.seconds:.1f} s · ready"
 
@@ -381,6 +415,7 @@ class MainWindow(QMainWindow):
 
     def _on_unloaded(self) -> None:
         self.model = None
+        self.server_button.setText("Connect to a server ...")
         self.library.set_loaded(None)
         self._end_load()
         self.status_label.setText("No model loaded")
@@ -402,7 +437,10 @@ class MainWindow(QMainWindow):
         self._refresh_advice()
 
     def _refresh_advice(self) -> None:
-        if self.model is None or self.hardware is None:
+        if self.model is not None:  # a server drafts as it was started: nothing to choose here
+            self.methods.setEnabled(not self.model.server)
+            self.methods.setToolTip("The server decides how it drafts (see `specdeck launch`)" if self.model.server else "")
+        if self.model is None or self.hardware is None or self.model.server:
             return
         ready, hw = self.model, self.hardware
         run_job(self, lambda: compute_advice(ready, hw), self._on_advice,

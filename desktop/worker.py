@@ -29,6 +29,9 @@ from backends.hardware.telemetry import Sampler, energy_joules
 from backends.models.catalog import CATALOG, resolve_model
 from backends.models.chat import Message
 from backends.models.gguf_info import read_gguf_info
+from backends.remote.client import ServerConfig
+from backends.remote.session import METHOD as SERVER_METHOD
+from backends.remote.session import RemoteSession
 
 
 # -- requests (GUI -> worker) --------------------------------------------------------------------
@@ -36,6 +39,13 @@ from backends.models.gguf_info import read_gguf_info
 class LoadRequest:
     config: SessionConfig
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class ConnectRequest:
+    """Use a server instead of the local model (the local model stays loaded, for Disconnect)."""
+
+    config: ServerConfig
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,7 @@ class ModelReady:
     plain_tok_s: float | None = None  # this model's plain decoding as measured on this machine (None: never run here)
     placement: str = "CPU"  # where the target runs: "CPU", "GPU (CUDA, ...)", "12 of 31 layers on GPU ..."
     backend: str = "llamacpp"  # what runs it (backends.factory.BACKENDS)
+    server: str = ""  # a server's address when a server answers (then the server picks the method)
 
 
 @dataclass(frozen=True)
@@ -151,6 +162,7 @@ class Worker(QObject):
     def __init__(self, sampler: Sampler | None = None) -> None:
         super().__init__()
         self.session: Session | None = None
+        self.remote: RemoteSession | None = None  # a connected server answers instead of the session
         self.sampler = sampler
         self.store = ObservedStore()
         # How far the current load is (0..1). llama.cpp reports it from inside its loader through a
@@ -191,6 +203,7 @@ class Worker(QObject):
             self._load_failed(Failure(None, "The model could not be loaded", _unexpected(exc)), previous)
         else:
             self._close_session()
+            self._close_remote()  # a model loaded to answer: the server no longer does
             self.session = session
             self._load_seconds = time.perf_counter() - start
             self.ready.emit(self._ready(session, request.config, self._load_seconds))
@@ -223,6 +236,9 @@ class Worker(QObject):
     # -- answering -----------------------------------------------------------------------------
     @Slot(object)
     def answer(self, request: AnswerRequest) -> None:
+        if self.remote is not None:
+            self._run_remote(request.request_id, "The server's answer failed", lambda remote: self._answer_remote(remote, request))
+            return
         self._run(request.request_id, "The answer failed", lambda session: self._answer(session, request))
 
     def _answer(self, session: Session, request: AnswerRequest) -> None:
@@ -305,6 +321,10 @@ class Worker(QObject):
     @Slot(object)
     def compare(self, request: CompareRequest) -> None:
         """The same prompt through each method on the same loaded target, plain decoding first."""
+        if self.remote is not None:
+            self._run_remote(request.request_id, "The server's answer failed",
+                             lambda remote: self.compare_done.emit(self._compare_remote(remote, request)))
+            return
         self._run(request.request_id, "The comparison failed",
                   lambda session: self.compare_done.emit(self._compare(session, request)))
 
@@ -371,9 +391,84 @@ class Worker(QObject):
             self.session.forget_heads()
             self.ready.emit(replace(self._ready(self.session, self.session.config, 0.0), seconds=self._load_seconds))
 
+    # -- a server instead of the local model ------------------------------------------------------
+    @Slot(object)
+    def connect_server(self, request: ConnectRequest) -> None:
+        """Connect (network only: the local model stays loaded); a failure keeps what was in use."""
+        self.busy.emit(True)
+        self.loading.emit(request.config.base)
+        start = time.perf_counter()
+        try:
+            remote = RemoteSession(request.config)
+        except (SpecDeckError, ValueError, OSError) as exc:
+            kept = self.session is not None or self.remote is not None
+            self.failed.emit(Failure(None, "Could not connect to the server", str(exc), kept_model=kept))
+            if not kept:
+                self.unloaded.emit()
+        else:
+            self._close_remote()
+            self.remote = remote
+            info = remote.info
+            self.ready.emit(ModelReady(model=info.base, name=f"{info.model} (server)", path=info.base, n_ctx=0,
+                                       draft_model=None, offers=frozenset(), has_template=True,
+                                       seconds=time.perf_counter() - start, placement=info.engine, backend="remote",
+                                       server=info.base))
+        finally:
+            self.busy.emit(False)
+
+    @Slot()
+    def disconnect_server(self) -> None:
+        """Back to the local model (if one is loaded)."""
+        self._close_remote()
+        if self.session is not None:
+            self.ready.emit(replace(self._ready(self.session, self.session.config, 0.0), seconds=self._load_seconds))
+        else:
+            self.unloaded.emit()
+
+    def _run_remote(self, request_id: int, title: str, job: Callable[[RemoteSession], None]) -> None:
+        """One request to the server; a failure (dead, slow, refusing) becomes a Failure in words."""
+        remote = self.remote
+        assert remote is not None
+        self.busy.emit(True)
+        try:
+            job(remote)
+        except (SpecDeckError, ValueError) as exc:
+            self.failed.emit(Failure(request_id, title, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - the window must survive anything a server does
+            self.failed.emit(Failure(request_id, title, _unexpected(exc)))
+        finally:
+            self.busy.emit(False)
+
+    def _answer_remote(self, remote: RemoteSession, request: AnswerRequest) -> None:
+        for event in remote.generate(request.messages, request.generation, cancel=request.cancel):
+            self.answer_event.emit(AnswerEvent(request.request_id, event))
+
+    def _compare_remote(self, remote: RemoteSession, request: CompareRequest) -> CompareDone:
+        """The server answers the prompt as it is configured (one row): it picks its own method,
+        so comparing methods there means comparing servers (``specdeck bench --server A --server B``)."""
+        finished = None
+        for event in remote.generate([{"role": "user", "content": request.prompt}], request.generation,
+                                     cancel=request.cancel):
+            self.compare_event.emit(CompareEvent(request.request_id, SERVER_METHOD, event))
+            finished = event if isinstance(event, Finished) else finished
+        if finished is None or request.cancel.is_set():
+            return CompareDone(request.request_id, request.prompt, (), cancelled=True)
+        run = TurnRun([], list(finished.tokens), finished.text, finished.stats, 0.0)
+        stats = finished.stats
+        row = CompareRow(method=SERVER_METHOD, decode_tok_s=decode_rate([run]), speedup=float("nan"), tau=stats.tau,
+                         acceptance_rate=stats.acceptance_rate, new_tokens=stats.new_tokens, joules_per_token=None,
+                         identical=True, divergence_margin=None, text=finished.text)
+        return CompareDone(request.request_id, request.prompt, (row,))
+
+    def _close_remote(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
+
     # -- lifecycle -----------------------------------------------------------------------------
     @Slot()
     def shutdown(self) -> None:
+        self._close_remote()
         self._close_session()
 
     def _close_session(self) -> None:

@@ -1,0 +1,106 @@
+"""The window against a real server (llama-cpp-python's own, on the bundled model): connect
+through the dialog, chat with live charts, compare; and the ways a server fails, through a proxy:
+each a banner in words, nothing the user wrote or saw lost, the window working on."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+from PySide6.QtCore import QTimer  # noqa: E402
+
+from backends.remote.client import ServerConfig  # noqa: E402
+from tests.desktop_kit import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send, shown  # noqa: E402
+from tests.remote_kit import API_KEY, Proxy, free_port, start_server  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = start_server(tmp_path_factory.mktemp("server"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def window(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("SPECDECK_NO_KEYRING", "1")  # the key goes to the owner-only file under the test's data dir
+    w = open_window(qtbot, tmp_path, autoload=None)
+    yield w
+    close_window(w)
+
+
+def connect(qtbot, window, url: str) -> None:
+    window.connect_server(ServerConfig(url, api_key=API_KEY))
+    qtbot.waitUntil(lambda: window.model is not None and window.model.server and not window.busy, timeout=LOAD_TIMEOUT)
+
+
+def test_connect_through_the_dialog_chat_with_charts_and_compare(qtbot, window, server):
+    window._server_clicked()
+    dialog = window.connect_dialog
+    dialog.url.setText(server.url)
+    dialog.key.setText(API_KEY)
+    dialog.check()
+    qtbot.waitUntil(lambda: dialog.connect_button.isEnabled(), timeout=30_000)
+    assert dialog.models.count() == 1 and "OpenAI-compatible" in dialog.status.text()
+    dialog.connect_button.click()
+    qtbot.waitUntil(lambda: window.model is not None and window.model.server == server.url and not window.busy,
+                    timeout=LOAD_TIMEOUT)
+    assert "(server)" in window.status_label.text() and window.server_button.text() == "Disconnect"
+    assert not window.methods.isEnabled()  # the server drafts as it was started
+    recorder = Recorder(window)
+    send(qtbot, window, "Name three primary colors.")
+    qtbot.waitUntil(recorder.done, timeout=ANSWER_TIMEOUT)
+    assert recorder.steps > 3 and shown(window.chat)[-1][0] == "assistant" and shown(window.chat)[-1][1].strip()
+    assert window.charts.series["tau"] or window.charts.runs  # the live charts got the server's steps
+    done = []
+    window.compare.on_done = done.append
+    window.run_comparison("Say hello.", ("ar",))
+    qtbot.waitUntil(lambda: bool(done), timeout=ANSWER_TIMEOUT)
+    assert [row.method for row in done[0].rows] == ["server"] and done[0].rows[0].decode_tok_s > 0
+    window.server_button.click()  # Disconnect: no local model was loaded
+    qtbot.waitUntil(lambda: window.model is None, timeout=10_000)
+    assert window.server_button.text().startswith("Connect")
+
+
+def test_a_dead_address_is_a_banner_and_the_window_goes_on(qtbot, window):
+    window.connect_server(ServerConfig(f"http://127.0.0.1:{free_port()}", retries=0))
+    qtbot.waitUntil(lambda: window.banner.isVisible() and not window.busy, timeout=30_000)
+    assert "Could not connect" in window.banner.text() and "cannot reach" in window.banner.text()
+    assert window.model is None
+
+
+def test_server_failures_lose_nothing_and_the_window_stays_responsive(qtbot, window, server):
+    proxy = Proxy(server.url)
+    try:
+        connect(qtbot, window, proxy.url)
+        # 500 before any text: the message goes back into the box, the banner says why
+        proxy.faults.plan.append({"status": 500, "body": '{"error": {"message": "out of memory"}}'})
+        send(qtbot, window, "Name three primary colors.")
+        qtbot.waitUntil(lambda: window.banner.isVisible() and not window.busy, timeout=ANSWER_TIMEOUT)
+        assert "500" in window.banner.text() and "out of memory" in window.banner.text()
+        assert window.chat.input.toPlainText() == "Name three primary colors." and not shown(window.chat)
+        # dropped mid-answer: the text received stays as the answer
+        proxy.faults.plan.append({"drop_after": 8})
+        window.chat.input.clear()
+        send(qtbot, window, "List the planets.")
+        qtbot.waitUntil(lambda: not window.busy and not window.chat.streaming, timeout=ANSWER_TIMEOUT)
+        assert "kept" in window.banner.text()  # "... the N characters received are kept"
+        assert shown(window.chat)[0] == ("user", "List the planets.") and shown(window.chat)[1][1].strip()
+        # stalled: the GUI thread keeps running (a timer fires) and Stop ends the answer at once
+        proxy.faults.plan.append({"stall_after": 6, "stall_for": 8})
+        ticks = []
+        timer = QTimer()
+        timer.timeout.connect(lambda: ticks.append(1))
+        timer.start(20)
+        window.chat.input.clear()
+        send(qtbot, window, "Count to ten.")
+        qtbot.waitUntil(lambda: len(ticks) > 25, timeout=10_000)  # half a second of a stalled server
+        window.stop()
+        qtbot.waitUntil(lambda: not window.busy and not window.chat.streaming, timeout=5_000)
+        timer.stop()
+        assert window.model is not None and window.model.server
+    finally:
+        proxy.close()
