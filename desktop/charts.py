@@ -62,6 +62,7 @@ class LiveCharts(QWidget):
         super().__init__(parent)
         self.sampler = sampler
         self.has_gpu = has_gpu
+        self.gpu_title = "GPU"  # "server GPU" while a server's GPUs are charted
         self._t0 = time.monotonic()
         self._run: deque[tuple[float, int]] = deque()  # the current run's recent steps: (elapsed, tokens)
         self.series: dict[str, deque[tuple[float, float]]] = {
@@ -105,7 +106,7 @@ class LiveCharts(QWidget):
         }
         self.gpu = self.vram = None  # drawn only where there is a GPU to chart
         if self.has_gpu:
-            self.gpu = self._add(_plot("GPU power and temperature", "W", legend=True))
+            self.gpu = self._add(_plot(f"{self.gpu_title} power and temperature", "W", legend=True))
             self.vram = self._add(_plot("VRAM used", "GiB"))
             self.curves["gpu_w"] = self.gpu.plot(pen=pg.mkPen((230, 80, 80)), name="power W")
             self.curves["gpu_c"] = _twin_curve(self.gpu, "°C", pg.mkPen((240, 180, 60)), "temperature °C")
@@ -127,6 +128,22 @@ class LiveCharts(QWidget):
         self.plots.append(plot)
         self.view.addItem(plot)
         return plot
+
+    def set_gpu(self, has_gpu: bool, title: str = "GPU") -> None:
+        """Chart GPUs (``title``: whose) or not, e.g. a server's once connected to one: the
+        plots are rebuilt, the series and the plain-decoding line are kept."""
+        if (has_gpu, title) == (self.has_gpu, self.gpu_title):
+            return
+        reference = self.reference.value() if self.reference.isVisible() else None
+        self.has_gpu, self.gpu_title = has_gpu, title
+        for plot in self.plots:
+            self.view.removeItem(plot)
+        self.plots, self._status_notes = [], []
+        self._build()
+        self.set_reference(reference)
+        self.apply_palette()
+        self._columns = 0  # place the new set of plots
+        self._relayout()
 
     # -- layout ------------------------------------------------------------------------------
     def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name

@@ -43,6 +43,7 @@ from desktop.chat import ChatPanel
 from desktop.compare import ComparePanel
 from desktop.jobs import run_job
 from desktop.library import ModelLibrary
+from backends.remote.gpu import ServerGpus
 from desktop.server import ConnectDialog
 from desktop.panels import HardwarePanel, MethodAdvice, MethodPanel, SamplingPanel, ScrollColumn
 from desktop.store import ConversationStore
@@ -200,6 +201,7 @@ class MainWindow(QMainWindow):
         self.methods.train_requested.connect(self.open_train_dialog)
         self.train_dialog: TrainDialog | None = None
         self.connect_dialog: ConnectDialog | None = None
+        self._local_gpus: tuple = ()  # (the sampler's own GPU source,) while a server's GPUs are read
         self.methods.runnable_changed.connect(self.compare.set_available)  # greyed, or settings incomplete
         self.sampling = SamplingPanel()
         self.charts = LiveCharts(self.sampler, has_gpu=bool(self.sampler and self.sampler.has_gpu))
@@ -322,7 +324,7 @@ class MainWindow(QMainWindow):
         s.setValue("sampling/state", self.sampling.state())
         s.setValue("sampling/system", self.sampling.system.toPlainText())
         s.setValue("method/name", self.methods.method())
-        if self.model is not None:
+        if self.model is not None and not self.model.server:  # the next start loads a model, not an address
             s.setValue("model/last", self.model.model)
             s.setValue("model/n_ctx", self.model.n_ctx)
             s.setValue("model/backend", self.model.backend)
@@ -340,10 +342,30 @@ class MainWindow(QMainWindow):
         if self.model is not None and self.model.server:
             self.disconnect_request.emit()
             return
-        dialog = ConnectDialog(str(self.settings.value("server/url", "")), self)
+        dialog = ConnectDialog(str(self.settings.value("server/url", "")), self,
+                               ca_file=str(self.settings.value("server/ca", "")))
         dialog.connect_requested.connect(self.connect_server)
         dialog.open()
         self.connect_dialog = dialog
+
+    def _chart_gpus(self, server_metrics: str) -> None:
+        """The GPU charts read the server's GPUs (``server_metrics``: its dcgm-exporter) or, with
+        "", this PC's again."""
+        if self.sampler is None:
+            return
+        if server_metrics:
+            previous = self.sampler.use_gpus(ServerGpus(server_metrics))
+            if self._local_gpus:
+                if previous is not None:
+                    previous.close()  # another server's
+            else:
+                self._local_gpus = (previous,)
+        elif self._local_gpus:
+            current = self.sampler.use_gpus(self._local_gpus[0])
+            if current is not None:
+                current.close()
+            self._local_gpus = ()
+        self.charts.set_gpu(self.sampler.has_gpu, "server GPU" if server_metrics else "GPU")
 
     def connect_server(self, config) -> None:
         """Answer from the server at ``config`` (a ServerConfig) from now on; until it answers the
@@ -352,6 +374,7 @@ class MainWindow(QMainWindow):
             self.show_error("Busy", "Stop the current answer or comparison before connecting to a server.")
             return
         self.settings.setValue("server/url", config.url)
+        self.settings.setValue("server/ca", config.verify if isinstance(config.verify, str) else "")
         self.connect_request.emit(ConnectRequest(config))
 
     def open_train_dialog(self, kind: str) -> None:
@@ -395,6 +418,7 @@ class MainWindow(QMainWindow):
         self.library.set_loaded(ready.path)
         self.status_label.setText(self._ready_text(ready))
         self.server_button.setText("Disconnect" if ready.server else "Connect to a server ...")
+        self._chart_gpus(ready.gpu_metrics if ready.server else "")
         self._set_title(ready.name)
         self.charts.set_reference(ready.plain_tok_s)  # this model's measured plain decoding, or no line
         self.clear_error()
@@ -416,6 +440,7 @@ class MainWindow(QMainWindow):
     def _on_unloaded(self) -> None:
         self.model = None
         self.server_button.setText("Connect to a server ...")
+        self._chart_gpus("")
         self.library.set_loaded(None)
         self._end_load()
         self.status_label.setText("No model loaded")

@@ -36,8 +36,9 @@ def check_server(config: ServerConfig) -> Checked:
         models = client.models()
         if not models:
             raise SpecDeckError(f"{config.base} serves no model")
-        engine, counters = engine_of(client)
-    return Checked(ServerInfo(base=config.base, engine=engine, models=tuple(models), model=models[0], counters=counters))
+        engine, counters, gpus = engine_of(client)
+    return Checked(ServerInfo(base=config.base, engine=engine, models=tuple(models), model=models[0], counters=counters,
+                              gpu_metrics=gpus))
 
 
 class ConnectDialog(QDialog):
@@ -45,7 +46,7 @@ class ConnectDialog(QDialog):
 
     connect_requested = Signal(object)  # ServerConfig
 
-    def __init__(self, url: str = "", parent: QWidget | None = None) -> None:
+    def __init__(self, url: str = "", parent: QWidget | None = None, *, ca_file: str = "") -> None:
         super().__init__(parent)
         self.setWindowTitle("Connect to a server")
         self.url = QLineEdit(url)
@@ -53,6 +54,8 @@ class ConnectDialog(QDialog):
         self.key = QLineEdit((load_key(url) or "") if url else "")
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
         self.key.setPlaceholderText("API key, if the server needs one")
+        self.ca = QLineEdit(ca_file)
+        self.ca.setPlaceholderText("CA certificate file, for an HTTPS server with a self-signed certificate")
         self.remember = QCheckBox("Remember the key (system keyring, or a file only you can read)")
         self.remember.setChecked(True)
         self.models = QComboBox()
@@ -68,6 +71,7 @@ class ConnectDialog(QDialog):
         form.addRow("Address", row)
         form.addRow("API key", self.key)
         form.addRow("", self.remember)
+        form.addRow("TLS", self.ca)
         form.addRow("Model", self.models)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
         self.connect_button = self.buttons.addButton("Connect", QDialogButtonBox.ButtonRole.AcceptRole)
@@ -80,6 +84,7 @@ class ConnectDialog(QDialog):
         layout.addWidget(self.buttons)
         self.url.textEdited.connect(lambda _: self._changed())
         self.key.textEdited.connect(lambda _: self._changed())
+        self.ca.textEdited.connect(lambda _: self._changed())
         self.resize(560, 0)
 
     def _changed(self) -> None:
@@ -90,7 +95,9 @@ class ConnectDialog(QDialog):
     def config(self) -> ServerConfig:
         """The address and key as typed (ValueError for an address that is not http(s))."""
         model = self.models.currentText() or None
-        return ServerConfig(self.url.text().strip(), api_key=self.key.text().strip() or None, model=model)
+        ca = self.ca.text().strip()
+        return ServerConfig(self.url.text().strip(), api_key=self.key.text().strip() or None, model=model,
+                            verify=ca or True)
 
     def check(self) -> None:
         try:
@@ -109,6 +116,7 @@ class ConnectDialog(QDialog):
         self.models.setEnabled(True)
         drafting = ("its speculative-decoding counters are charted" if checked.info.counters
                     else "acceptance is shown when the server reports it")
+        drafting += "; its GPUs are charted" if checked.info.gpu_metrics else "; no GPU metrics found (dcgm-exporter)"
         self.status.setText(f"{checked.info.engine} at {checked.info.base}: {len(checked.info.models)} model(s); {drafting}.")
         self.connect_button.setEnabled(True)
 

@@ -84,6 +84,7 @@ class ModelReady:
     placement: str = "CPU"  # where the target runs: "CPU", "GPU (CUDA, ...)", "12 of 31 layers on GPU ..."
     backend: str = "llamacpp"  # what runs it (backends.factory.BACKENDS)
     server: str = ""  # a server's address when a server answers (then the server picks the method)
+    gpu_metrics: str = ""  # where that server's GPU readings come from (dcgm-exporter), if anywhere
 
 
 @dataclass(frozen=True)
@@ -412,7 +413,7 @@ class Worker(QObject):
             self.ready.emit(ModelReady(model=info.base, name=f"{info.model} (server)", path=info.base, n_ctx=0,
                                        draft_model=None, offers=frozenset(), has_template=True,
                                        seconds=time.perf_counter() - start, placement=info.engine, backend="remote",
-                                       server=info.base))
+                                       server=info.base, gpu_metrics=info.gpu_metrics))
         finally:
             self.busy.emit(False)
 

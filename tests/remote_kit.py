@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -43,25 +44,29 @@ class Server:
             self.process.kill()
 
 
-def start_server(tmp: Path, *, draft: str | None = None, model: str = "smollm2-135m-q4_1") -> Server:
+def start_server(tmp: Path, *, draft: str | None = None, model: str = "smollm2-135m-q4_1",
+                 tls: tuple[Path, Path, Path] | None = None) -> Server:
     """``specdeck serve`` on 127.0.0.1 with the API key in its environment, ready when it lists
-    its models."""
+    its models; with ``tls`` = (CA certificate, server key, server certificate) it speaks HTTPS."""
     port = free_port()
     args = [sys.executable, "-m", "backends.remote.serve", "--model", model, "--host", "127.0.0.1",
             "--port", str(port), "--n_ctx", "2048", "--n_threads", "1", "--verbose", "false"]
     if draft:
         args += ["--draft_model", draft, "--draft_model_num_pred_tokens", "8"]
+    if tls is not None:
+        args += ["--ssl_keyfile", str(tls[1]), "--ssl_certfile", str(tls[2])]
     log = tmp / f"server-{port}.log"
     env = {**os.environ, "API_KEY": API_KEY}
     with log.open("w") as out:
         process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the server exited ({process.returncode}): {log.read_text()[-2000:]}")
         try:
-            if httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=2).is_success:
+            if httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=2,
+                         verify=ssl.create_default_context(cafile=str(tls[0])) if tls else True).is_success:
                 return Server(url, process, log)
         except httpx.HTTPError:
             pass
@@ -92,6 +97,7 @@ class Proxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.faults = Faults()
+        self.metrics_text: str | None = None  # served at /metrics when set (a server exporting GPU figures)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -117,14 +123,17 @@ class Proxy:
         self.server.server_close()
 
     def handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
-        fault = self.faults.next(h.path)
+        if h.path == "/metrics" and self.metrics_text is not None:
+            fault = {"status": 200, "body": self.metrics_text, "type": "text/plain; version=0.0.4"}
+        else:
+            fault = self.faults.next(h.path)
         body = h.rfile.read(int(h.headers.get("Content-Length") or 0))
         if "status" in fault:
             payload = fault.get("body", '{"error": {"message": "injected failure"}}').encode()
             h.send_response(fault["status"])
             for key, value in fault.get("headers", {}).items():
                 h.send_header(key, value)
-            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Type", fault.get("type", "application/json"))
             h.send_header("Content-Length", str(len(payload)))
             h.end_headers()
             h.wfile.write(payload)
@@ -145,3 +154,34 @@ class Proxy:
                 h.wfile.write((line + "\n").encode())
                 h.wfile.flush()
         h.close_connection = True
+
+
+def tls_files(tmp: Path) -> tuple[Path, Path, Path]:
+    """A throwaway certificate authority and a certificate for 127.0.0.1 signed by it (trustme)."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    paths = (tmp / "ca.pem", tmp / "server.key", tmp / "server.pem")
+    ca.cert_pem.write_to_path(str(paths[0]))
+    cert.private_key_pem.write_to_path(str(paths[1]))
+    cert.cert_chain_pems[0].write_to_path(str(paths[2]))
+    return paths
+
+
+def dcgm_text(gpus: dict[int, float]) -> str:
+    """What NVIDIA's dcgm-exporter serves for GPUs drawing ``gpus[i]`` watts, written by
+    prometheus_client's own exposition code."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    registry = CollectorRegistry()
+    labels = ["gpu", "UUID", "device", "modelName", "Hostname"]
+    power = Gauge("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels, registry=registry)
+    temp = Gauge("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", labels, registry=registry)
+    used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels, registry=registry)
+    for i, watts in gpus.items():
+        names = (str(i), f"GPU-{i:08d}", f"nvidia{i}", "NVIDIA H200", "gpu-box")
+        power.labels(*names).set(watts)
+        temp.labels(*names).set(55 + i)
+        used.labels(*names).set(40960)
+    return generate_latest(registry).decode()

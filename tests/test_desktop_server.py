@@ -13,7 +13,7 @@ from PySide6.QtCore import QTimer  # noqa: E402
 
 from backends.remote.client import ServerConfig  # noqa: E402
 from tests.desktop_kit import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send, shown  # noqa: E402
-from tests.remote_kit import API_KEY, Proxy, free_port, start_server  # noqa: E402
+from tests.remote_kit import API_KEY, Proxy, dcgm_text, free_port, start_server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +65,17 @@ def test_connect_through_the_dialog_chat_with_charts_and_compare(qtbot, window, 
     assert window.server_button.text().startswith("Connect")
 
 
-def test_a_dead_address_is_a_banner_and_the_window_goes_on(qtbot, window):
+def test_a_dead_address_or_a_wrong_key_is_a_banner_and_the_window_goes_on(qtbot, window, server):
     window.connect_server(ServerConfig(f"http://127.0.0.1:{free_port()}", retries=0))
     qtbot.waitUntil(lambda: window.banner.isVisible() and not window.busy, timeout=30_000)
     assert "Could not connect" in window.banner.text() and "cannot reach" in window.banner.text()
     assert window.model is None
+    window.dismiss_error()
+    window.connect_server(ServerConfig(server.url, api_key="not-the-key"))
+    qtbot.waitUntil(lambda: window.banner.isVisible() and not window.busy, timeout=30_000)
+    assert "refused the API key" in window.banner.text() and "not-the-key" not in window.banner.text()
+    connect(qtbot, window, server.url)  # the right key: connected, the error gone
+    assert not window.banner.isVisible()
 
 
 def test_server_failures_lose_nothing_and_the_window_stays_responsive(qtbot, window, server):
@@ -102,5 +108,22 @@ def test_server_failures_lose_nothing_and_the_window_stays_responsive(qtbot, win
         qtbot.waitUntil(lambda: not window.busy and not window.chat.streaming, timeout=5_000)
         timer.stop()
         assert window.model is not None and window.model.server
+    finally:
+        proxy.close()
+
+
+def test_a_servers_gpus_are_charted_while_connected(qtbot, window, server):
+    proxy = Proxy(server.url)
+    proxy.metrics_text = dcgm_text({0: 287.5})  # the server exports dcgm-exporter's GPU figures
+    try:
+        local_title = window.charts.gpu_title
+        connect(qtbot, window, proxy.url)
+        assert window.model.gpu_metrics == proxy.url + "/metrics"
+        assert window.charts.has_gpu and window.charts.gpu_title == "server GPU" and window.charts.gpu is not None
+        qtbot.waitUntil(lambda: window.charts.points("gpu_w") > 0, timeout=10_000)
+        assert window.charts.series["gpu_w"][-1][1] == 287.5 and window.charts.series["vram_gib"][-1][1] == 40.0
+        window.server_button.click()  # Disconnect: this PC's GPUs (or none) again
+        qtbot.waitUntil(lambda: window.model is None, timeout=10_000)
+        assert window.charts.gpu_title == local_title and window.charts.has_gpu == window.sampler.has_gpu
     finally:
         proxy.close()

@@ -16,7 +16,7 @@ from backends.remote.launch import (CONFIG, LEGACY, LaunchError, Parallel, VllmL
                                     llama_server_plan, vllm_generation, vllm_plan)
 from backends.remote.metrics import SpecCounters, parse_timings, parse_vllm
 from backends.remote.session import REMOTE_TOKEN, RemoteSession
-from tests.remote_kit import API_KEY, Proxy, free_port, start_server
+from tests.remote_kit import API_KEY, Proxy, dcgm_text, free_port, start_server, tls_files
 
 GREEDY = GenerationSettings(max_new_tokens=40)
 ASK = [{"role": "user", "content": "List the planets of the solar system, one per line."}]
@@ -124,6 +124,15 @@ def test_llama_server_timings_only_count_drafts_when_it_drafted():
     assert drafted.predicted_n == 64 and drafted.draft.acceptance_rate == pytest.approx(0.75)
     assert parse_timings({"predicted_per_second": 50.0, "predicted_n": 10}).draft is None
     assert parse_timings("nonsense") is None
+
+
+def test_dcgm_exporter_figures_become_gpu_samples():
+    from backends.remote.metrics import parse_dcgm
+
+    cards = parse_dcgm(dcgm_text({0: 287.5, 1: 120.0}))
+    assert [c.index for c in cards] == [0, 1] and cards[0].power_w == 287.5 and cards[1].temperature_c == 56
+    assert cards[0].vram_used_bytes == 40960 * 2**20 and cards[0].utilization_pct is None
+    assert parse_dcgm(V1_METRICS) == ()
 
 
 def test_retry_after_reads_seconds_and_http_dates():
@@ -305,6 +314,20 @@ def test_a_stalled_stream_is_reported_and_cancel_works_while_waiting(proxy):
         threading.Timer(0.5, cancel.set).start()  # the user presses Stop while nothing arrives
         events, done = answer(session, cancel=cancel)
         assert done.reason == "cancelled"
+
+
+def test_tls_with_its_own_certificate_authority(tmp_path):
+    ca, key, cert = tls_files(tmp_path)
+    server = start_server(tmp_path, tls=(ca, key, cert))
+    try:
+        with RemoteSession(config(server.url, verify=str(ca))) as session:
+            _, done = answer(session, gen=GenerationSettings(max_new_tokens=8))
+            assert done.text and session.info.base.startswith("https://")
+        with pytest.raises(RemoteError, match="not trusted.*CA certificate file") as err:
+            RemoteSession(config(server.url))  # the system's authorities do not know this one
+        assert err.value.kind == "tls"
+    finally:
+        server.stop()
 
 
 def test_keys_are_kept_per_address_in_an_owner_only_file(tmp_path, monkeypatch):

@@ -142,6 +142,12 @@ class Sampler:
         """Whether any power reading can come: RAPL, or a GPU source."""
         return self._rapl.available or self._gpus is not None
 
+    def use_gpus(self, gpus: GpuSource | None) -> GpuSource | None:
+        """Read ``gpus`` from the next sample on (a server's GPUs while the window uses a server);
+        returns the source read until now, which the caller keeps to put back (not closed)."""
+        previous, self._gpus = self._gpus, gpus
+        return previous
+
     def subscribe(self, callback: Callable[[Sample], None]) -> None:
         self._subscribers.append(callback)
 

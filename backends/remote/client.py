@@ -22,6 +22,7 @@ from __future__ import annotations
 import email.utils
 import json
 import queue
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ _DONE = object()
 
 class RemoteError(SpecDeckError):
     """A server could not give (all of) an answer. ``kind`` is one of unreachable, auth,
-    rate_limited, server, bad_request, stalled, dropped, protocol; ``partial`` is the answer text
+    rate_limited, server, bad_request, stalled, dropped, protocol, tls; ``partial`` is the answer text
     received before the failure."""
 
     def __init__(self, kind: str, message: str, *, partial: str = "", status: int | None = None) -> None:
@@ -84,6 +85,11 @@ class Piece:
     finish_reason: str | None = None
     usage: dict | None = None  # {"prompt_tokens", "completion_tokens"} when the server sends it
     timings: dict | None = None  # llama-server's per-request timings
+
+
+def tls_verify(verify: bool | str) -> bool | ssl.SSLContext:
+    """httpx's ``verify`` for ServerConfig's: a CA file becomes a context trusting it."""
+    return ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
 
 
 def retry_after(value: str | None, *, now: float | None = None) -> float | None:
@@ -143,7 +149,7 @@ class RemoteClient:
         self.config = config
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         timeout = httpx.Timeout(config.stall_timeout, connect=config.connect_timeout)
-        self.http = httpx.Client(base_url=config.base, headers=headers, timeout=timeout, verify=config.verify,
+        self.http = httpx.Client(base_url=config.base, headers=headers, timeout=timeout, verify=tls_verify(config.verify),
                                  transport=transport, follow_redirects=True)
 
     def close(self) -> None:
@@ -165,6 +171,9 @@ class RemoteClient:
             try:
                 response = self.http.send(request, stream=stream)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                if _tls_failure(exc):  # retrying cannot make a certificate trusted
+                    raise RemoteError("tls", f"the TLS certificate of {self.config.base} is not trusted "
+                                      f"({_reason(exc)}); for a self-signed one, give its CA certificate file") from exc
                 if last:
                     raise RemoteError("unreachable", f"cannot reach {self.config.base} ({_reason(exc)}); "
                                       "is the server running and the address right?") from exc
@@ -312,6 +321,16 @@ def _piece(item: object, partial: str) -> Piece:
     text = (delta.get("content") or "") if isinstance(delta, dict) else ""
     return Piece(text=text, finish_reason=choice.get("finish_reason"), usage=item.get("usage") or None,
                  timings=item.get("timings") or None)
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    """Whether a connection failed in the TLS handshake (an untrusted or mismatched certificate)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _reason(exc: BaseException) -> str:

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from backends.hardware.types import GpuSample
+
 _V1 = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -146,3 +148,28 @@ def parse_timings(timings: object) -> ServerTimings | None:
     return ServerTimings(predicted_per_second=number("predicted_per_second"),
                          predicted_n=int(predicted) if predicted is not None else None,
                          prompt_n=int(prompt) if prompt is not None else None, draft=draft)
+
+
+# NVIDIA's dcgm-exporter (port 9400 by default, beside vLLM on GPU servers and in Kubernetes):
+# gauges per GPU, labelled gpu="0", "1", ...; framebuffer figures are in MiB.
+_DCGM = {"DCGM_FI_DEV_POWER_USAGE": "power_w", "DCGM_FI_DEV_GPU_TEMP": "temperature_c",
+         "DCGM_FI_DEV_GPU_UTIL": "utilization_pct", "DCGM_FI_DEV_FB_USED": "vram_used_mib",
+         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "energy_mj"}
+
+
+def parse_dcgm(text: str) -> tuple[GpuSample, ...]:
+    """The GPUs a dcgm-exporter reports, as SpecDeck's live GPU samples (empty: none)."""
+    cards: dict[int, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        field = _DCGM.get(family.name.removesuffix("_total"))
+        if field is None:
+            continue
+        for sample in family.samples:
+            gpu = sample.labels.get("gpu")
+            if gpu is not None and gpu.isdigit():
+                cards.setdefault(int(gpu), {})[field] = sample.value
+    return tuple(GpuSample(index=i, power_w=c.get("power_w"), temperature_c=c.get("temperature_c"),
+                           utilization_pct=c.get("utilization_pct"),
+                           vram_used_bytes=int(c["vram_used_mib"] * 2**20) if "vram_used_mib" in c else None,
+                           energy_mj=int(c["energy_mj"]) if "energy_mj" in c else None)
+                 for i, c in sorted(cards.items()))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from backends.core.types import Event, Finished, GenerationSettings, Prefilled, RunStats, Step
 from backends.models.chat import Message
 from backends.remote.client import Piece, RemoteClient, RemoteError, ServerConfig
+from backends.remote.gpu import find_gpu_metrics
 from backends.remote.metrics import SpecCounters, SpecDelta, parse_timings
 
 REMOTE_TOKEN = -1  # a token the server generated; its id is not sent over the API
@@ -42,23 +43,26 @@ class ServerInfo:
     models: tuple[str, ...]
     model: str
     counters: bool  # it exports vLLM's speculative-decoding counters
+    gpu_metrics: str = ""  # where its GPUs' power and temperature can be read (dcgm-exporter), if anywhere
 
     @property
     def label(self) -> str:
         return f"{self.model} on {self.engine} at {self.base}"
 
 
-def engine_of(client: RemoteClient) -> tuple[str, bool]:
-    """Which engine answers, from the side endpoints only it has."""
+def engine_of(client: RemoteClient) -> tuple[str, bool, str]:
+    """Which engine answers, from the side endpoints only it has: (engine, whether it counts
+    drafts, where its GPU metrics are)."""
     metrics = client.optional_text("/metrics") or ""
+    gpus = find_gpu_metrics(client.config.base, metrics, verify=client.config.verify)
     if "vllm:" in metrics:
         version = client.optional_text("/version") or ""
         number = version.split('"version"')[-1].strip(' :"}\n') if '"version"' in version else ""
-        return (f"vLLM {number}".strip(), "vllm:spec_decode" in metrics)
+        return f"vLLM {number}".strip(), "vllm:spec_decode" in metrics, gpus
     props = client.optional_text("/props") or ""
     if "default_generation_settings" in props or "llamacpp:" in metrics:
-        return "llama-server", False
-    return "OpenAI-compatible server", False
+        return "llama-server", False, gpus
+    return "OpenAI-compatible server", False, gpus
 
 
 class RemoteSession:
@@ -82,8 +86,9 @@ class RemoteSession:
         model = self.config.model or models[0]
         if model not in models:
             raise RemoteError("bad_request", f"{self.config.base} does not serve {model!r}; it serves {', '.join(models)}")
-        engine, counters = engine_of(self.client)
-        return ServerInfo(base=self.config.base, engine=engine, models=tuple(models), model=model, counters=counters)
+        engine, counters, gpus = engine_of(self.client)
+        return ServerInfo(base=self.config.base, engine=engine, models=tuple(models), model=model, counters=counters,
+                          gpu_metrics=gpus)
 
     def close(self) -> None:
         self.client.close()
