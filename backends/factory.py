@@ -303,6 +303,15 @@ class Session:
         runtime = self.backend.runtime(self) if target is self.target else ()
         return cost_curve_file(model.path, target.n_threads, self.config.n_gpu_layers, self.config.flash_attn, *runtime)
 
+    def _kept_file(self, name: str) -> Path | None:
+        """Where a drafter keeps ``name`` for this model file and runtime (as the cost curves are)."""
+        runtime = self.backend.runtime(self)
+        try:
+            return measurement_file(f"kept-{name}", self.model.path, self.target.n_threads, self.config.n_gpu_layers,
+                                    self.config.flash_attn, *runtime)
+        except OSError:
+            return None
+
     def _cached_curves(self, target: LlamaTarget, model: LlamaModel) -> dict[int, list[float]]:
         file = self._cost_file(target, model)
         curves = load_cost_curves(file)
@@ -393,6 +402,7 @@ class Session:
             native_head=self.target.native_head if NATIVE_MTP in self.target.offers else None,
             engine_head=self.engine_head if NATIVE_EAGLE3 in self.target.offers else None,
             target=self.target,
+            kept=self._kept_file,
         )
         drafter = spec.build(chosen, resources)
         missing = drafter.requires - self.target.offers

@@ -245,6 +245,32 @@ def test_the_skip_search_keeps_the_first_and_last_layer_and_picks_by_predicted_s
         SelfSettings(skip="4,x")
 
 
+def test_the_skip_plan_is_kept_for_the_next_session(torch_session, tmp_path):
+    """A search's plan goes to the model's kept file; a new session's drafter starts from it
+    without searching; a file that does not fit the model is ignored."""
+    from backends.core.types import SamplingSettings
+    from backends.drafters.self_spec import SelfDrafter, SelfSettings, SelfState, SkipPlan
+
+    kept = tmp_path / "skip.json"
+    prompt = torch_session.model.chat_prompt([{"role": "user", "content": PROMPTS[0]}])
+
+    def drafter(state):
+        return SelfDrafter(SelfSettings(probe_tokens=16), target=torch_session.target, sampling=SamplingSettings(),
+                           target_vocab=torch_session.model.n_vocab, costs=torch_session.cost_model(), state=state,
+                           kept=kept)
+
+    first = SelfState()
+    drafter(first).begin(prompt)
+    assert first.searches == 1 and SkipPlan.load(kept, torch_session.target.n_layer) == first.plan
+    kept.write_text('{"skip": [3, 7], "agreement": 0.9, "speed": 1.3}')  # as if an earlier session found it
+    later = SelfState()
+    d = drafter(later)
+    d.begin(prompt)
+    assert later.searches == 0 and later.plan == SkipPlan((3, 7), 0.9, 1.3) and "without 2 of" in d.playing
+    kept.write_text('{"skip": [0, 99], "agreement": 0.9, "speed": 1.3}')  # another model's layers
+    assert SkipPlan.load(kept, torch_session.target.n_layer) is None
+
+
 def test_self_is_refused_on_llama_cpp_with_the_reason(smollm_session):
     from backends.core.errors import SpecDeckError
     from backends.core.types import SamplingSettings

@@ -109,6 +109,9 @@ class DrafterResources:
     engine_head: Callable[[HeadFile | str], Any] | None = None
     # The target itself, for a drafter that drafts with part of it (``LAYER_SKIP``: ``skipping``).
     target: Target | None = None
+    # Where a drafter keeps what it found out about this model on this machine, for later sessions
+    # (a search's result), by name: one file per model file and runtime; None where nowhere.
+    kept: Callable[[str], Path | None] = lambda name: None
 
 
 TASKS = ("chat", "summarize", "code", "rag")  # the kinds of work the recommender ranks methods for
@@ -195,7 +198,7 @@ def _build_self(settings: SelfSettings, res: DrafterResources) -> Drafter:
         raise SpecDeckError("self needs a backend that can leave layers out (--backend torch)")
     state = res.memory.setdefault(("self", settings.skip, settings.probe_tokens), SelfState())
     return SelfDrafter(settings, target=res.target, sampling=res.sampling, target_vocab=res.target_vocab,
-                       costs=res.costs(), state=state, stop=res.stop, memory=res.memory)
+                       costs=res.costs(), state=state, stop=res.stop, memory=res.memory, kept=res.kept("self-skip"))
 
 
 def _build_pld(settings: PLDSettings, res: DrafterResources) -> Drafter:

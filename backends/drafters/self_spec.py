@@ -11,15 +11,19 @@ predicted speed is highest: ``E[tokens per step] / (draft forwards x their cost 
 with the draft's cost ``1 - layer_share x k / n_layer`` of a target forward and the verify cost
 from the session's measured cost curve. SmolLM2-135M: 28 + 14 partial forwards of 64 tokens.
 
-The plan is kept in the session (one per model), and searched again over the latest answers when
-the acceptance drafting achieves falls well below the agreement the search measured. Drafting
+The plan is kept in the session (one per model) and in a file per model file and runtime (the
+factory's ``kept``), so a later session starts from it instead of searching again; it is searched
+again over the latest answers when the acceptance drafting achieves falls well below the
+agreement the search measured. Drafting
 itself is the ``draft`` method's (``DraftModelDrafter``) over the layer-skipping view of the
 target (``Target.skipping``): its own KV cache, the target's weights.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -28,6 +32,7 @@ from backends.core.costs import CostModel
 from backends.core.protocols import Drafter, Target
 from backends.core.types import EMPTY_PROPOSAL, LAYER_SKIP, ROLLBACK, Budget, Proposal, SamplingSettings, TargetOutput, Verdict
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
+from backends.models.paths import write_atomic
 
 MIN_PROBE = 8  # tokens of text below which no search is made (nothing to score on)
 RECENT = 256  # generated tokens remembered for the next search
@@ -68,6 +73,23 @@ class SkipPlan:
     skip: tuple[int, ...]
     agreement: float
     speed: float
+
+    def save(self, path: Path | None) -> None:
+        if path is not None:
+            try:
+                write_atomic(path, json.dumps(asdict(self)))
+            except OSError:
+                pass  # an unwritable cache only means searching again next session
+
+    @classmethod
+    def load(cls, path: Path | None, n_layer: int) -> SkipPlan | None:
+        """A plan kept by an earlier session, None where there is none (or none that fits)."""
+        try:
+            data = json.loads(path.read_text()) if path is not None else None
+            plan = cls(tuple(int(i) for i in data["skip"]), float(data["agreement"]), float(data["speed"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        return plan if all(0 < i < n_layer - 1 for i in plan.skip) else None
 
 
 @dataclass
@@ -138,7 +160,7 @@ class SelfDrafter(Drafter):
 
     def __init__(self, settings: SelfSettings, *, target: Target, sampling: SamplingSettings, target_vocab: int,
                  costs: CostModel | None, state: SelfState, stop: Callable[[], bool] | None = None,
-                 memory: dict | None = None) -> None:
+                 memory: dict | None = None, kept: Path | None = None) -> None:
         self.settings = settings
         self.target = target
         self.sampling = sampling
@@ -147,6 +169,7 @@ class SelfDrafter(Drafter):
         self.state = state
         self._stop = stop
         self._memory = memory if memory is not None else {}
+        self._kept = kept
         self.inner: DraftModelDrafter | None = None
 
     # -- planning ------------------------------------------------------------------------------
@@ -154,6 +177,8 @@ class SelfDrafter(Drafter):
         s, state = self.settings, self.state
         if s.layers:
             return SkipPlan(s.layers, float("nan"), float("nan"))
+        if state.plan is None and state.searches == 0:
+            state.plan = SkipPlan.load(self._kept, self.target.n_layer)  # found in an earlier session
         stale = (state.plan is not None and state.drafted >= 64
                  and state.accepted / state.drafted < s.recheck * state.plan.agreement)
         if state.plan is not None and not stale:
@@ -172,6 +197,8 @@ class SelfDrafter(Drafter):
                                  verify=verify, max_draft=s.max_draft, stop=self._stop)
         state.searches += 1
         state.drafted = state.accepted = 0
+        if self._stop is None or not self._stop():  # a search cut short by Stop is not kept
+            state.plan.save(self._kept)
         return state.plan
 
     def _view(self, skip: tuple[int, ...]) -> Target:
