@@ -41,11 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m-f16")
     p.add_argument("--draft-model", default="smollm2-135m-q4_1")
     p.add_argument("--per-category", type=int, default=2, help="Spec-Bench prompts per category (6 categories)")
+    p.add_argument("--categories", default=None, help="comma-separated Spec-Bench categories (default: all six)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=Path, default=None, help="Spec-Bench question.jsonl (default: ../shared)")
     p.add_argument("--mtp-model", type=Path, default=None, help="a GGUF with next-n (MTP) layers: ar vs mtp")
     p.add_argument("--out", type=Path, default=Path("gpu-check.md"))
     args = p.parse_args(argv)
+    args.categories = tuple(c.strip() for c in args.categories.split(",")) if args.categories else None
 
     from backends.models.llama_lib import gpu_runtime
 
@@ -81,7 +83,7 @@ def vram_and_output(args) -> list[str]:
     if measured:
         out.append(f"| estimate / measured | {estimate / measured:.2f} |")
     out.append("")
-    prompts = load_prompts(args.prompts or default_prompts(), per_category=args.per_category)
+    prompts = load_prompts(args.prompts or default_prompts(), per_category=args.per_category, categories=args.categories)
     gen = GenerationSettings(max_new_tokens=args.max_new_tokens, sampling=SamplingSettings(temperature=0.0))
     cpu = Session(SessionConfig(model=args.model, n_ctx=4096, n_gpu_layers=0))
     try:
@@ -126,7 +128,7 @@ def speeds(args) -> list[str]:
     from backends.bench import BenchConfig, run_bench
 
     common = dict(model=args.model, per_category=args.per_category, max_new_tokens=args.max_new_tokens,
-                  prompts=args.prompts)
+                  prompts=args.prompts, categories=args.categories)
     on_gpu = run_bench(BenchConfig(methods=("ar", "pld", "draft"), draft_model=args.draft_model, **common),
                        out=io.StringIO(), progress=sys.stderr)
     on_cpu = run_bench(BenchConfig(methods=("ar",), n_gpu_layers=0, **common), out=io.StringIO(), progress=sys.stderr)
@@ -149,7 +151,7 @@ def native_mtp(args) -> list[str]:
     from backends.bench import BenchConfig, run_bench
 
     result = run_bench(BenchConfig(methods=("ar", "mtp"), model=str(args.mtp_model), per_category=args.per_category,
-                                   max_new_tokens=args.max_new_tokens, prompts=args.prompts),
+                                   max_new_tokens=args.max_new_tokens, prompts=args.prompts, categories=args.categories),
                        out=io.StringIO(), progress=sys.stderr)
     out = ["", f"## Native MTP: {args.mtp_model.name}", "",
            "| method (GPU) | tok/s | speedup over ar | tau | acceptance by depth | identical to ar |", "|---|---|---|---|---|---|"]
