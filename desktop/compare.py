@@ -211,19 +211,28 @@ class ComparePanel(QWidget):
             if widget is not None:
                 widget.deleteLater()
         self.panes, self.texts = {}, {}
-        for col, name in enumerate(m for m in REGISTRY if m in methods):
-            pane = QTextBrowser()
-            pane.setObjectName(f"pane_{name}")
-            pane.setMinimumHeight(48)  # three lines; it scrolls
-            self.panes[name] = pane
-            self.texts[name] = ""
-            self.pane_grid.addWidget(QLabel(f"<b>{name}</b>"), 0, col)
-            self.pane_grid.addWidget(pane, 1, col)
+        for name in (m for m in REGISTRY if m in methods):
+            self._add_pane(name)
+
+    def _add_pane(self, name: str) -> QTextBrowser:
+        """A column for ``name``'s streamed text (a server answering as it was started gets one
+        when its first event arrives)."""
+        pane = QTextBrowser()
+        pane.setObjectName(f"pane_{name}")
+        pane.setMinimumHeight(48)  # three lines; it scrolls
+        col = len(self.panes)
+        self.panes[name] = pane
+        self.texts[name] = ""
+        self.pane_grid.addWidget(QLabel(f"<b>{name}</b>"), 0, col)
+        self.pane_grid.addWidget(pane, 1, col)
+        return pane
 
     def on_event(self, event: CompareEvent) -> None:
         pane = self.panes.get(event.method)
         if pane is None:
-            return
+            if not self.running:
+                return
+            pane = self._add_pane(event.method)
         if isinstance(event.event, Step) and event.event.text:
             self.texts[event.method] += event.event.text
             pane.setPlainText(self.texts[event.method])
