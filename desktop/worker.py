@@ -228,8 +228,9 @@ class Worker(QObject):
             except Exception as exc:  # noqa: BLE001 - reported with the first failure
                 failure = replace(failure, message=f"{failure.message} (and the previous model could not be reopened: {exc})")
             else:
-                self.ready.emit(self._ready(self.session, previous, time.perf_counter() - start))
-        kept = self.session is not None
+                if self.remote is None:  # while a server answers, the window keeps showing it
+                    self.ready.emit(self._ready(self.session, previous, time.perf_counter() - start))
+        kept = self.session is not None or self.remote is not None
         self.failed.emit(replace(failure, kept_model=kept))
         if not kept:
             self.unloaded.emit()
@@ -390,6 +391,8 @@ class Worker(QObject):
         """A head was trained for the loaded model: report what the session offers now."""
         if self.session is not None:
             self.session.forget_heads()
+            if self.remote is not None:  # a server answers: the local model is reported on Disconnect
+                return
             self.ready.emit(replace(self._ready(self.session, self.session.config, 0.0), seconds=self._load_seconds))
 
     # -- a server instead of the local model ------------------------------------------------------

@@ -128,3 +128,16 @@ def test_a_servers_gpus_are_charted_while_connected(qtbot, window, server):
         assert window.charts.gpu_title == local_title and window.charts.has_gpu == window.sampler.has_gpu
     finally:
         proxy.close()
+
+
+def test_loading_a_model_leaves_the_server_and_a_failed_load_keeps_it(qtbot, window, server, tmp_path):
+    connect(qtbot, window, server.url)
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)  # a header and nothing else
+    window.load_model(str(broken), 1024)
+    qtbot.waitUntil(lambda: window.banner.isVisible() and not window.busy, timeout=LOAD_TIMEOUT)
+    assert window.model.server == server.url  # the server still answers
+    window.load_model("smollm2-135m-q4_1", 1024)
+    qtbot.waitUntil(lambda: window.model is not None and not window.model.server and not window.busy, timeout=LOAD_TIMEOUT)
+    assert window.worker.remote is None and window.server_button.text().startswith("Connect")
+    assert window.methods.isEnabled()
