@@ -2,6 +2,7 @@
 
     specdeck-gui                         # the bundled model, loaded and ready to chat
     specdeck-gui --model smollm2-135m-f16
+    specdeck-gui --self-test             # load, answer one question, print the timings, exit 0 (see desktop.selftest)
 """
 
 from __future__ import annotations
@@ -93,12 +94,28 @@ def start(argv: list[str] | None = None) -> tuple[QApplication, MainWindow, Samp
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--self-test" in argv:
+        return self_test(argv)
     app, _window, sampler = start(argv)
     try:
         return app.exec()
     finally:
         sampler.stop()
         crashlog.disarm()
+
+
+def self_test(argv: list[str]) -> int:
+    from desktop.selftest import run
+
+    parser = argparse.ArgumentParser(prog="specdeck-gui --self-test")
+    parser.add_argument("--self-test", action="store_true")
+    parser.add_argument("--model", default=None, help=f"model id or .gguf path (default: {DEFAULT_MODEL})")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds before it counts as failed")
+    args, qt_args = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("specdeck.llama").setLevel(logging.ERROR)
+    return run(args.model, args.timeout, qt_args)
 
 
 if __name__ == "__main__":
