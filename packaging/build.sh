@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The Linux artifacts, with no compiler needed on the user's machine:
+#   dist/specdeck/                     the frozen app (PyInstaller one-folder, packaging/frozen/)
+#   dist/specdeck_VERSION_amd64.deb    Debian/Ubuntu: /opt/specdeck, specdeck-gui on PATH, menu entry
+#   dist/specdeck-VERSION-x86_64.run   other distributions: a per-user install (no root), menu entry
+# then the smoke test (packaging/smoke.sh) installs both into scratch folders and runs the frozen
+# app's --self-test from there with a clean environment.
+#   bash packaging/build.sh [--no-smoke]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf 'specdeck build: %s\n' "$*" >&2; }
+# shellcheck source=packaging/apt.sh
+source packaging/apt.sh
+
+VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+DIST=dist
+WORK=build/frozen
+
+missing=()
+command -v dpkg-deb >/dev/null || missing+=(dpkg)
+command -v makeself >/dev/null || missing+=(makeself)
+command -v desktop-file-validate >/dev/null || missing+=(desktop-file-utils)
+command -v appstreamcli >/dev/null || missing+=(appstream)
+command -v lintian >/dev/null || missing+=(lintian)
+if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+
+say "validating the menu entry and the AppStream metadata"
+desktop-file-validate packaging/linux/specdeck.desktop
+appstreamcli validate --no-net packaging/linux/io.github.specdeck.SpecDeck.metainfo.xml
+
+say "the virtual environment (SpecDeck, its portable llama.cpp, the bundled model)"
+bash packaging/dev.sh specdeck --help >/dev/null
+.venv/bin/python -m pip install -q "pyinstaller>=6.22,<7"
+
+say "freezing the app (PyInstaller one-folder)"
+rm -rf "$WORK" "$DIST/specdeck"
+.venv/bin/pyinstaller --noconfirm --log-level WARN --distpath "$DIST" --workpath "$WORK" packaging/frozen/specdeck.spec
+
+say "the .deb"
+root=build/deb
+rm -rf "$root"
+mkdir -p "$root/DEBIAN" "$root/opt" "$root/usr/bin" "$root/usr/share/applications" \
+         "$root/usr/share/icons/hicolor/256x256/apps" "$root/usr/share/metainfo" "$root/usr/share/doc/specdeck"
+cp -a "$DIST/specdeck" "$root/opt/specdeck"
+find "$root/opt" -name __pycache__ -type d -prune -exec rm -rf {} +
+find "$root/opt" -type f -name '*.so*' -exec chmod 644 {} +  # libraries are not programs
+ln -s /opt/specdeck/specdeck "$root/usr/bin/specdeck-gui"
+install -m 644 packaging/linux/specdeck.desktop "$root/usr/share/applications/specdeck.desktop"
+install -m 644 assets/icons/specdeck.png "$root/usr/share/icons/hicolor/256x256/apps/specdeck.png"
+install -m 644 packaging/linux/io.github.specdeck.SpecDeck.metainfo.xml "$root/usr/share/metainfo/"
+install -m 644 packaging/linux/copyright "$root/usr/share/doc/specdeck/copyright"
+installed_kb=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
+sed -e "s/@VERSION@/$VERSION/" -e "s/@SIZE@/$installed_kb/" packaging/linux/control.in > "$root/DEBIAN/control"
+deb="$DIST/specdeck_${VERSION}_amd64.deb"
+dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
+say "lintian (suppressions, each with its reason: packaging/linux/lintian-suppressions)"
+lintian --suppress-tags-from-file packaging/linux/lintian-suppressions --tag-display-limit 0 "$deb" || true
+
+say "the .run (makeself, per-user install)"
+payload=build/run
+rm -rf "$payload"
+mkdir -p "$payload"
+cp -a "$DIST/specdeck" "$payload/specdeck"
+install -m 644 packaging/linux/specdeck.desktop assets/icons/specdeck.png "$payload/"
+install -m 755 packaging/linux/install-user.sh "$payload/install-user.sh"
+run="$DIST/specdeck-${VERSION}-x86_64.run"
+makeself --quiet --xz "$payload" "$run" "SpecDeck $VERSION" ./install-user.sh >/dev/null
+
+ls -l "$deb" "$run" >&2
+say "installed size $((installed_kb / 1024)) MiB; .deb $(($(stat -c %s "$deb") / 1048576)) MiB; .run $(($(stat -c %s "$run") / 1048576)) MiB"
+if [ "${1:-}" != "--no-smoke" ]; then
+    bash packaging/smoke.sh "$deb" "$run"
+fi
