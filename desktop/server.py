@@ -126,7 +126,6 @@ class ConnectDialog(QDialog):
 
     def _connect(self) -> None:
         config = self.config()
-        if self.remember.isChecked() or not config.api_key:
-            save_key(config.url, config.api_key)
+        save_key(config.url, config.api_key if self.remember.isChecked() else None)  # unticked: forget it
         self.connect_requested.emit(config)
         self.accept()
