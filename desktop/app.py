@@ -17,7 +17,7 @@ import sys  # noqa: E402
 
 from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
 
-from PySide6.QtCore import QEventLoop, QSettings, Qt  # noqa: E402
+from PySide6.QtCore import QCoreApplication, QEvent, QEventLoop, QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication, QProgressDialog  # noqa: E402
 
 from backends.core.errors import BackendError  # noqa: E402
@@ -97,12 +97,25 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--self-test" in argv:
         return self_test(argv)
-    app, _window, sampler = start(argv)
+    app, window, sampler = start(argv)
     try:
         return app.exec()
     finally:
+        dispose(window)
         sampler.stop()
         crashlog.disarm()
+
+
+def dispose(window: MainWindow) -> None:
+    """Close the window and delete it while the application still runs.
+
+    Left to the interpreter's exit, PySide deletes every wrapped object in no particular order:
+    a chart item whose scene was already gone sent events into half-destroyed Python objects and
+    the process died with SIGSEGV after its work was done (seen when a failed load closed the
+    window within a second). Deleting the window here lets Qt tear down its own tree first."""
+    window.close()
+    window.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
 def self_test(argv: list[str]) -> int:

@@ -615,11 +615,13 @@ class Rendered:
 
 
 def _coloured(spans: list[tuple[str, bool]], background: str) -> str:
+    """The answer as generated, drafted spans shaded. ``pre-wrap``: HTML would collapse runs of
+    spaces, and code answers lost their indentation."""
     out = []
     for text, drafted in spans:
         body = html.escape(text).replace("\n", "<br>")
         out.append(f"<span style='background-color:{background}'>{body}</span>" if drafted else body)
-    return "".join(out)
+    return f"<span style='white-space:pre-wrap'>{''.join(out)}</span>"
 
 
 def _style_document(document: QTextDocument, theme: TranscriptTheme) -> None:

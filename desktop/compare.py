@@ -125,6 +125,7 @@ class ComparePanel(QWidget):
         self.chart.setMouseEnabled(x=False, y=False)
         self.chart.setMenuEnabled(False)
         self.chart.setLabel("bottom", "decode tok/s")
+        self.chart.setLabel("left", "method")
         self.export_csv = QPushButton("Export CSV")
         self.export_csv.clicked.connect(lambda: self._export("csv"))
         self.export_json = QPushButton("Export JSON")

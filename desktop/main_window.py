@@ -48,6 +48,7 @@ from desktop.server import ConnectDialog
 from desktop.panels import HardwarePanel, MethodAdvice, MethodPanel, SamplingPanel, ScrollColumn
 from desktop.store import ConversationStore
 from desktop.train import TrainDialog
+from desktop.welcome import WELCOME_DONE, WelcomePage
 from desktop.worker import (
     AnswerEvent,
     AnswerRequest,
@@ -170,6 +171,12 @@ class MainWindow(QMainWindow):
         self.tabs = QTabWidget()
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.compare, "Compare methods")
+        self.welcome: WelcomePage | None = None
+        if not self.settings.value(WELCOME_DONE, False, type=bool):  # the first start: say what was found and chosen
+            self.welcome = WelcomePage()
+            self.welcome.start_requested.connect(self.start_chatting)
+            self.tabs.insertTab(0, self.welcome, "Welcome")
+            self.tabs.setCurrentWidget(self.welcome)
         self.tabs.currentChanged.connect(lambda _: self.tabs.currentWidget().setFocus())  # its own box
         self.banner = QLabel()
         self.banner.setObjectName("error_banner")
@@ -397,8 +404,20 @@ class MainWindow(QMainWindow):
             return
         self.load_model(self.model.model, self.model.n_ctx, draft=draft_path, backend=self.model.backend)
 
+    def start_chatting(self) -> None:
+        """The welcome page's one click: to the chat, cursor in the message box; not shown again."""
+        self.settings.setValue(WELCOME_DONE, True)
+        if self.welcome is not None:
+            self.tabs.removeTab(self.tabs.indexOf(self.welcome))
+            self.welcome.deleteLater()
+            self.welcome = None
+        self.tabs.setCurrentWidget(self.chat)
+        self.chat.input.setFocus()
+
     def _on_loading(self, spec: str) -> None:
         """A load started; the model loaded before stays in use (and shown) until it is ready."""
+        if self.welcome is not None:
+            self.welcome.set_loading(spec)
         kept = f" · {self.model.name} stays loaded until then" if self.model is not None else ""
         self.status_label.setText(f"Loading {spec} ...{kept}")
         self.progress.setValue(0)
@@ -457,6 +476,8 @@ class MainWindow(QMainWindow):
     # -- advice: fit labels, recommendation, usable methods ----------------------------------
     def _on_hardware(self, report: HardwareReport) -> None:
         self.hardware = report
+        if self.welcome is not None:
+            self.welcome.set_hardware(report)
         self.hardware_panel.show_report(report)
         self.library.set_hardware(report)
         self._refresh_advice()
@@ -478,6 +499,11 @@ class MainWindow(QMainWindow):
         if self._wanted_method:
             self.methods.select(self._wanted_method)
             self._wanted_method = ""
+        if self.welcome is not None:
+            fit = advice.fits.get(self.methods.method())
+            self.welcome.set_model(self.model.name, fit.label if fit else f"runs on {self.model.placement}",
+                                   bundled=self.model.model == DEFAULT_MODEL)
+            self.welcome.set_method(self.methods.recommended.text())
 
     # -- chat --------------------------------------------------------------------------------
     def ask(self, conversation: list) -> None:
@@ -543,6 +569,8 @@ class MainWindow(QMainWindow):
         elif failure.request_id is None and failure.kept_model and self.model is not None:
             self._end_load()  # a load failed; the model loaded before is still the one in use
             self.status_label.setText(f"{self._ready_text(self.model)} · kept: the new model did not load")
+        if failure.request_id is None and self.model is None and self.welcome is not None:
+            self.welcome.set_failed(failure.message)  # the first start's model did not load
         self.show_error(failure.title, failure.message)
 
     def show_error(self, title: str, message: str, *, sticky: bool = False) -> None:

@@ -35,7 +35,7 @@ def run(model: str | None, timeout: float, qt_args: list[str]) -> int:
     from backends.core.types import Finished, Step
     from backends.hardware.telemetry import Sampler
     from backends.models.catalog import DEFAULT_MODEL
-    from desktop.app import create_app, probe_cpu_code
+    from desktop.app import create_app, dispose, probe_cpu_code
     from desktop.headless import wait_until
     from desktop.main_window import MainWindow
     from desktop.store import ConversationStore
@@ -79,7 +79,7 @@ def run(model: str | None, timeout: float, qt_args: list[str]) -> int:
     except TimeoutError:
         return _fail(f"no answer within {timeout:.0f} s")
     finally:
-        window.close()
+        dispose(window)
         sampler.stop()
     tokens = finished.stats.new_tokens  # type: ignore[attr-defined]
     print(f"self-test: OK · window {marks['window']:.1f} s · model ready {marks['model ready']:.1f} s · "

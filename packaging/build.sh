@@ -3,6 +3,8 @@
 #   dist/specdeck/                     the frozen app (PyInstaller one-folder, packaging/frozen/)
 #   dist/specdeck_VERSION_amd64.deb    Debian/Ubuntu: /opt/specdeck, specdeck-gui on PATH, menu entry
 #   dist/specdeck-VERSION-x86_64.run   other distributions: a per-user install (no root), menu entry
+#   dist/SpecDeck-VERSION-setup-stand-in.exe   the NSIS script compiled with warnings as errors
+#                                      around a stand-in payload (the real one needs a Windows runner)
 # then the smoke test (packaging/smoke.sh) installs both into scratch folders and runs the frozen
 # app's --self-test from there with a clean environment.
 #   bash packaging/build.sh [--no-smoke]
@@ -22,6 +24,8 @@ command -v makeself >/dev/null || missing+=(makeself)
 command -v desktop-file-validate >/dev/null || missing+=(desktop-file-utils)
 command -v appstreamcli >/dev/null || missing+=(appstream)
 command -v lintian >/dev/null || missing+=(lintian)
+command -v makensis >/dev/null || missing+=(nsis)
+command -v xvfb-run >/dev/null || missing+=(xvfb xauth)  # the smoke test on a real X server too
 if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
 
 say "validating the menu entry and the AppStream metadata"
@@ -35,6 +39,15 @@ bash packaging/dev.sh specdeck --help >/dev/null
 say "freezing the app (PyInstaller one-folder)"
 rm -rf "$WORK" "$DIST/specdeck"
 .venv/bin/pyinstaller --noconfirm --log-level WARN --distpath "$DIST" --workpath "$WORK" packaging/frozen/specdeck.spec
+# PyInstaller copies a library's link names (libllama.so -> libllama.so.0 -> libllama.so.0.5.0) as
+# three files: make the shorter names links to the real file again (10 MB installed).
+find "$DIST/specdeck" -type f -name 'lib*.so.*.*' | while read -r real; do  # the fully versioned file
+    for short in "${real%%.so.*}".so "${real%%.so.*}".so.*; do
+        if [ "$short" != "$real" ] && [ -f "$short" ] && [ ! -L "$short" ] && cmp -s "$short" "$real"; then
+            ln -sf "$(basename "$real")" "$short"
+        fi
+    done
+done
 
 say "the .deb"
 root=build/deb
@@ -52,7 +65,7 @@ install -m 644 packaging/linux/copyright "$root/usr/share/doc/specdeck/copyright
 installed_kb=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 sed -e "s/@VERSION@/$VERSION/" -e "s/@SIZE@/$installed_kb/" packaging/linux/control.in > "$root/DEBIAN/control"
 deb="$DIST/specdeck_${VERSION}_amd64.deb"
-dpkg-deb --root-owner-group -Zxz --build "$root" "$deb" >/dev/null
+dpkg-deb --root-owner-group -Zxz -z9 --build "$root" "$deb" >/dev/null
 say "lintian (suppressions, each with its reason: packaging/linux/lintian-suppressions)"
 lintian --suppress-tags-from-file packaging/linux/lintian-suppressions --tag-display-limit 0 "$deb" || true
 
@@ -64,7 +77,10 @@ cp -a "$DIST/specdeck" "$payload/specdeck"
 install -m 644 packaging/linux/specdeck.desktop assets/icons/specdeck.png "$payload/"
 install -m 755 packaging/linux/install-user.sh "$payload/install-user.sh"
 run="$DIST/specdeck-${VERSION}-x86_64.run"
-makeself --quiet --xz "$payload" "$run" "SpecDeck $VERSION" ./install-user.sh >/dev/null
+XZ_OPT=-T0 makeself --quiet --xz "$payload"  # xz on every core "$run" "SpecDeck $VERSION" ./install-user.sh >/dev/null
+
+say "the Windows installer script, compiled against a stand-in payload (packaging/windows/)"
+bash packaging/windows/check_nsis.sh "$DIST/SpecDeck-$VERSION-setup-stand-in.exe"
 
 ls -l "$deb" "$run" >&2
 say "installed size $((installed_kb / 1024)) MiB; .deb $(($(stat -c %s "$deb") / 1048576)) MiB; .run $(($(stat -c %s "$run") / 1048576)) MiB"

@@ -4,8 +4,8 @@
     QT_QPA_PLATFORM=offscreen python packaging/screenshots.py
     python packaging/screenshots.py --size 1366x768      # offscreen, as on a screen of that size
 
-Opens the main window on the bundled model in a fresh profile, asks two questions, runs the
-comparison panel with ar and pld, and saves PNGs to assets/screenshots/. Without ``--size`` the
+Opens the main window on the bundled model in a fresh profile (its welcome page first), asks two
+questions, runs the comparison panel with ar and pld, and saves PNGs to assets/screenshots/. Without ``--size`` the
 window is 1600x1000; with it, the window opens as it does for a new user on a screen of that size
 (offscreen), and the PNGs are named after the size (``main-window-1366x768.png``).
 """
@@ -50,6 +50,11 @@ def main() -> None:
     window.show()
     wait_until(app, lambda: window.model is not None, 300)
     wait_until(app, lambda: window.methods.advice is not None, 120)
+    if window.welcome is not None:  # a fresh profile: the first-start page, then its one click
+        wait_until(app, lambda: window.welcome.start.isEnabled(), 120)
+        settle(app)
+        window.grab().save(str(args.out / f"welcome{suffix}.png"))
+        window.welcome.start.click()
     window.methods.select("pld")  # prompt lookup, so "Colour drafted tokens" has drafts to shade
     window.sampling.max_tokens.setValue(200)
     for question in ("Give me three tips for keeping houseplants alive, as a list.",
@@ -71,7 +76,7 @@ def main() -> None:
     window.grab().save(str(args.out / f"comparison{suffix}.png"))
     window.close()
     sampler.stop()
-    print(f"saved {args.out / f'main-window{suffix}.png'} and {args.out / f'comparison{suffix}.png'}")
+    print(f"saved welcome{suffix}.png, main-window{suffix}.png and comparison{suffix}.png in {args.out}")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,23 @@ say() { printf 'specdeck smoke: %s\n' "$*" >&2; }
 clean_run() {  # the app in an environment with nothing of this build's
     env -i HOME="$scratch/home" PATH=/usr/bin:/bin LANG=C.UTF-8 QT_QPA_PLATFORM=offscreen "$@"
 }
+# dpkg -x unpacks without the .deb's dependencies: install the ones this machine lacks, as
+# `apt install ./specdeck.deb` would (the X libraries Qt's xcb platform needs).
+# shellcheck source=packaging/apt.sh
+source "$(dirname "$0")/apt.sh"
+wanted=()
+for dep in $(dpkg-deb -f "$deb" Depends | tr ',' '\n' | sed -e 's/(.*)//' -e 's/|.*//' | tr -d ' '); do
+    dpkg -s "$dep" >/dev/null 2>&1 || wanted+=("$dep")
+done
+if [ ${#wanted[@]} -gt 0 ]; then apt_install "${wanted[@]}"; fi
 say ".deb into $scratch/root"
 dpkg -x "$deb" "$scratch/root"
 clean_run "$scratch/root/opt/specdeck/specdeck" --self-test --timeout 120
+if command -v xvfb-run >/dev/null; then  # a real X server: the xcb platform plugin and the libraries it loads
+    say "the same on an X server (Xvfb 1500x950, xcb)"
+    env -i HOME="$scratch/home" PATH=/usr/bin:/bin LANG=C.UTF-8 \
+        xvfb-run -a -s "-screen 0 1500x950x24" "$scratch/root/opt/specdeck/specdeck" --self-test --timeout 120
+fi
 say ".run into $scratch/prefix"
 sh "$run" --quiet --target "$scratch/unpacked" -- --prefix "$scratch/prefix" >/dev/null
 test -f "$scratch/prefix/share/applications/specdeck.desktop"

@@ -21,6 +21,7 @@ from backends.hardware.telemetry import GpuSource, Rapl, Sampler  # noqa: E402
 from desktop.jobs import wait_for_jobs  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from desktop.store import ConversationStore  # noqa: E402
+from desktop.welcome import WELCOME_DONE  # noqa: E402
 
 BUNDLED = "smollm2-135m-q4_1"
 LOAD_TIMEOUT = 120_000
@@ -35,16 +36,19 @@ def home(tmp_path, monkeypatch):
 
 
 def open_window(qtbot, home: Path, *, autoload: str | None = BUNDLED, gpus: GpuSource | None = None,
-                sampler: Sampler | None = None) -> MainWindow:
+                sampler: Sampler | None = None, first_start: bool = False) -> MainWindow:
     """The window on a sampler of this machine's CPU and RAM and of ``gpus`` only (a recording, or
     none): what the charts show of GPUs is then the same on every PC. A test that needs another
     sampler (a stand-in NVML card) passes its own, started.
 
     With ``autoload`` it returns once the model is loaded *and* the worker is idle: "ready"
     arrives just before "not busy", and a message sent in between would be refused.
+    ``first_start``: the welcome page is in front, as on a new user's first start.
     """
     sampler = sampler or Sampler(interval=0.1, gpus=gpus, rapl=Rapl("/nonexistent")).start()
     settings = QSettings(str(home / "settings.ini"), QSettings.Format.IniFormat)
+    if not first_start:  # a user who has seen the welcome page: the chat is in front
+        settings.setValue(WELCOME_DONE, True)
     window = MainWindow(sampler=sampler, store=ConversationStore(home / "conversations.sqlite3"), settings=settings,
                         autoload=autoload)
     qtbot.addWidget(window)

@@ -121,7 +121,26 @@ def report(window) -> dict:
             tables[table.objectName() or "table"] = {"scrolls_sideways": bar.maximum() > 0}
     plots = {plot.titleLabel.text: int(plot.height()) for plot in _plots(window.charts)}
     return {"screen": [screen.width(), screen.height()], "frame": [frame.x(), frame.y(), frame.width(), frame.height()],
-            "docks": docks, "clipped": clipped(window), "tables": tables, "plots": plots}
+            "docks": docks, "clipped": clipped(window), "tables": tables, "plots": plots, "axes": axes(window)}
+
+
+def axes(window) -> dict[str, dict[str, tuple[str, bool]]]:
+    """Every chart drawn now: ``{plot title: {side: (axis label, numeric)}}`` for each axis shown.
+    A numeric axis needs its unit in the label; one with fixed ticks (method names) a name."""
+    import pyqtgraph as pg
+
+    plots = list(_plots(window.charts))
+    plots += [w.getPlotItem() for w in window.findChildren(pg.PlotWidget) if shown(w)]
+    found = {}
+    for plot in plots:
+        title = plot.titleLabel.text or plot.getViewWidget().objectName() or "plot"
+        sides = {}
+        for side in ("left", "bottom", "right"):
+            axis = plot.getAxis(side)
+            if axis.isVisible():
+                sides[side] = (axis.labelText, axis._tickLevels is None)
+        found[title] = sides
+    return found
 
 
 def _plots(charts) -> list:
@@ -156,6 +175,18 @@ def main(size: str, out: Path, gpu_recording: str | None = None) -> int:
     wait_until(app, lambda: window.model is not None, 300)
     wait_until(app, lambda: window.methods.advice is not None and window.hardware is not None, 300)
     wait_until(app, lambda: not window.busy, 60)
+    welcome = None  # a returning user (the second launch of a test) gets no welcome page
+    if window.welcome is not None:
+        page = window.welcome
+        wait_until(app, lambda: page.start.isEnabled(), 60)
+        settle(app)
+        welcome = {"current": window.tabs.currentWidget() is page, "clipped": clipped(window),
+                   "text": [label.text() for label in (page.hardware, page.model, page.method)]}
+        window.grab().save(str(out / f"welcome-{size}{'-gpu' if gpu_recording else ''}.png"))
+        page.start.click()  # the new user's one click
+        settle(app)
+        welcome["after"] = {"chat_in_front": window.tabs.currentWidget() is window.chat,
+                            "focus_in_box": window.chat.input.hasFocus(), "tabs": window.tabs.count()}
     window.sampling.max_tokens.setValue(24)
     window.chat.input.setPlainText("Give me three tips for keeping houseplants alive.")
     window.chat.send()
@@ -175,7 +206,7 @@ def main(size: str, out: Path, gpu_recording: str | None = None) -> int:
     compare = report(window)
     window.grab().save(str(out / f"compare-{tag}.png"))
     docks = tabbed_docks(window, out, tag)
-    print(json.dumps({"chat": chat, "compare": compare, "tabbed_docks": docks}), flush=True)
+    print(json.dumps({"welcome": welcome, "chat": chat, "compare": compare, "tabbed_docks": docks}), flush=True)
     window.close()
     sampler.stop()
     QApplication.processEvents()

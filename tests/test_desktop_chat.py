@@ -15,7 +15,7 @@ from PySide6.QtGui import QColor, QPalette, QTextCursor, QTextFormat  # noqa: E4
 from PySide6.QtWidgets import QApplication, QTextBrowser  # noqa: E402
 
 from backends.models.catalog import resolve_model  # noqa: E402
-from desktop.chat import ChatPanel  # noqa: E402
+from desktop.chat import ChatPanel, _coloured  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from desktop.store import ConversationStore, StoredMessage  # noqa: E402
 from tests.desktop_kit import (ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, ask, close_window, home,  # noqa: E402,F401
@@ -209,6 +209,16 @@ def test_charts_and_transcript_follow_a_palette_switch(qtbot, window):
         app.setPalette(original)
     qtbot.waitUntil(lambda: chart_colours(window) == light_charts, timeout=2000)
     assert transcript_colours(chat) == light
+
+
+def test_shading_drafted_tokens_keeps_a_code_answers_indentation(qtbot):
+    """With "Colour drafted tokens" on, the answer is drawn as generated: its spaces must survive
+    (HTML collapsed them, and indented code came out flush left)."""
+    spans = [("def water(plant):\n", False), ("    if plant.dry:", True), ("\n        plant.water(  2)", False)]
+    browser = QTextBrowser()
+    qtbot.addWidget(browser)
+    QTextCursor(browser.document()).insertHtml(_coloured(spans, "#cfe8cf"))
+    assert browser.toPlainText() == "".join(text for text, _ in spans)
 
 
 # -- a draft model picked in the method panel -----------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MIN_PLOT_HEIGHT = 110  # pixels: a title, two axes and the data, without labels piling up
+UNITS = ("%", "/s", "(s)", "W", "GiB", "°C", "tokens/step")  # what a numeric axis of SpecDeck's charts measures in
 
 
 @pytest.mark.parametrize(("size", "gpu"), [("1366x768", None), ("1920x1080", None), ("1366x768", "nvml_rtx4090.json")],
@@ -27,8 +28,8 @@ def test_the_window_fits_the_screen_with_every_dock_and_control_readable(tmp_pat
     env = {**os.environ, "SPECDECK_DATA_DIR": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     env.pop("QT_QPA_PLATFORM", None)  # the driver chooses the platform: offscreen, with a screen of this size
     launches = 2 if gpu is None and size == "1366x768" else 1  # the second one restores what the first saved
-    for _ in range(launches):
-        check(run_driver(size, shots, gpu, env), size)
+    for launch in range(launches):
+        check(run_driver(size, shots, gpu, env), size, first=launch == 0)
 
 
 def run_driver(size: str, shots: Path, gpu: str | None, env: dict) -> dict:
@@ -38,8 +39,12 @@ def run_driver(size: str, shots: Path, gpu: str | None, env: dict) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def check(report: dict, size: str) -> None:
+def check(report: dict, size: str, *, first: bool) -> None:
     width, height = (int(v) for v in size.split("x"))
+    if first:
+        check_welcome(report["welcome"])
+    else:
+        assert report["welcome"] is None  # shown on the first start only
     for tab in ("chat", "compare"):
         seen = report[tab]
         assert seen["screen"] == [width, height]
@@ -49,6 +54,20 @@ def check(report: dict, size: str) -> None:
             assert dock["width"] >= max(dock["min_width"], dock["content_min_width"]), (tab, title, dock)
         assert seen["clipped"] == [], (tab, seen["clipped"])
         assert min(seen["plots"].values()) >= MIN_PLOT_HEIGHT, (tab, seen["plots"])
+        for plot, sides in seen["axes"].items():
+            assert {"left", "bottom"} <= set(sides), (tab, plot, sides)
+            for side, (label, numeric) in sides.items():
+                assert label, (tab, plot, side)  # every axis says what it shows
+                assert not numeric or any(unit in label for unit in UNITS), (tab, plot, side, label)  # and in what
     assert report["compare"]["tables"]["compare_table"] == {"scrolls_sideways": False}  # every column in view
     for title, cut in report["tabbed_docks"].items():
         assert cut == [], (title, cut)
+
+
+def check_welcome(welcome: dict) -> None:
+    """A new user: the welcome page in front, nothing on it cut off, one click to the chat."""
+    assert welcome["current"] and welcome["clipped"] == [], welcome
+    hardware, model, method = welcome["text"]
+    assert "RAM" in hardware and "cores" in hardware, hardware
+    assert "is loaded:" in model and "Recommended:" in method, (model, method)
+    assert welcome["after"] == {"chat_in_front": True, "focus_in_box": True, "tabs": 2}, welcome["after"]

@@ -1,5 +1,7 @@
 """Draw SpecDeck's application icon (assets/icons/specdeck.png, 256x256) with Qt: a rounded
-card with three rising bars (drafted tokens) and a tick (verified). Run once; the PNG is kept."""
+card with three rising bars (drafted tokens) and a tick (verified), and the Windows icon
+(assets/icons/specdeck.ico, 48x48, through Qt's ICO writer) for the installer and shortcuts. Run
+once; the files are kept."""
 
 from __future__ import annotations
 
@@ -31,7 +33,10 @@ def draw(size: int = 256) -> QImage:
 
 if __name__ == "__main__":
     app = QGuiApplication(sys.argv[:1])
-    out = Path(__file__).resolve().parents[2] / "assets" / "icons" / "specdeck.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    draw().save(str(out))
-    print(out)
+    icons = Path(__file__).resolve().parents[2] / "assets" / "icons"
+    icons.mkdir(parents=True, exist_ok=True)
+    image = draw()
+    for out, picture in ((icons / "specdeck.png", image), (icons / "specdeck.ico", image.scaled(48, 48, Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.SmoothTransformation))):
+        if not picture.save(str(out)):
+            sys.exit(f"could not write {out}")
+        print(out)
