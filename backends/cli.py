@@ -26,6 +26,7 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from backends.addons import activate
 from backends.core.errors import SpecDeckError  # noqa: E402
 
 
@@ -525,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve"]:  # everything after it is the server's own (argparse would take its options)
         argv = ["serve", "--", *argv[1:]]
     args = build_parser().parse_args(argv)
+    activate()  # torch installed as an add-on (backends/addons.py), for the commands that use it
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("specdeck.llama").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
     from backends.hardware.commands import cmd_fit, cmd_hw, cmd_recommend

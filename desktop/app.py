@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor  # noqa: E402
 from PySide6.QtCore import QCoreApplication, QEvent, QEventLoop, QSettings, Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication, QProgressDialog  # noqa: E402
 
+from backends.addons import activate  # noqa: E402
 from backends.core.errors import BackendError  # noqa: E402
 from backends.hardware.telemetry import Sampler  # noqa: E402
 from backends.models import llama_runtime  # noqa: E402
@@ -95,6 +96,7 @@ def start(argv: list[str] | None = None) -> tuple[QApplication, MainWindow, Samp
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    activate()  # torch installed as an add-on, for the PyTorch backend and training
     if "--self-test" in argv:
         return self_test(argv)
     app, window, sampler = start(argv)

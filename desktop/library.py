@@ -37,6 +37,7 @@ from backends.models.paths import library_dir
 from desktop.jobs import run_job
 
 if TYPE_CHECKING:
+    from desktop.addons import AddonDialog
     from desktop.hub import HubDialog
 
 _SPLIT_PART = re.compile(r"-(\d{5})-of-\d{5}$")
@@ -47,9 +48,10 @@ BACKEND_LABELS = {"llamacpp": "llama.cpp", "torch": "PyTorch"}
 
 
 def torch_installed() -> bool:
-    import importlib.util
+    """torch importable: in this Python environment, or as an add-on in SpecDeck's data folder."""
+    from backends.addons import available
 
-    return importlib.util.find_spec("torch") is not None
+    return available("torch")
 
 
 @dataclass(frozen=True)
@@ -144,12 +146,13 @@ class ModelLibrary(QWidget):
         for name, label in BACKEND_LABELS.items():
             self.backend.addItem(label, name)
         self._torch = torch_installed()
+        self.addon: AddonDialog | None = None  # the torch add-on's install, while its dialog is open
         if not self._torch:
-            item = self.backend.model().item(list(BACKEND_LABELS).index("torch"))
-            item.setEnabled(False)
-            item.setToolTip("needs torch: pip install 'specdeck[torch]'")
+            item = self.backend.model().item(self.backend.findData("torch"))
+            item.setText(f"{BACKEND_LABELS['torch']} (install ...)")
+            item.setToolTip("torch is not installed: picking this offers to install it (an add-on, downloaded once)")
         self.table.currentCellChanged.connect(lambda row, *_: self._fit_backend(row))
-        self.backend.currentIndexChanged.connect(lambda _: self.refresh_details())
+        self.backend.currentIndexChanged.connect(self._backend_picked)
         self.load_button = QPushButton("Load")
         self.load_button.clicked.connect(lambda: self._load_row(self.table.currentRow()))
         self.add_button = QPushButton("Add folder ...")
@@ -247,14 +250,47 @@ class ModelLibrary(QWidget):
         self.load_requested.emit(entry.spec, self.ctx.value(), self.backend.currentData())
 
     def _fit_backend(self, row: int) -> None:
-        """A Hugging Face folder runs on PyTorch only: picking one switches the choice there."""
+        """A Hugging Face folder runs on PyTorch only: picking one switches the choice there (or
+        offers to install torch)."""
         if 0 <= row < len(self.entries) and self.entries[row].path is not None and is_hf_folder(self.entries[row].path):
-            self.set_backend("torch")
+            if self._torch:
+                self.set_backend("torch")
+            else:
+                self._offer_torch()
 
     def set_backend(self, name: str) -> None:
         index = self.backend.findData(name)
         if index >= 0 and (name != "torch" or self._torch):
             self.backend.setCurrentIndex(index)
+
+    def _backend_picked(self, _index: int) -> None:
+        if self.backend.currentData() == "torch" and not self._torch:
+            self.backend.setCurrentIndex(self.backend.findData("llamacpp"))  # until torch is there
+            self._offer_torch()
+        self.refresh_details()
+
+    def _offer_torch(self) -> None:
+        """PyTorch without torch: the add-on dialog (what, how big, where; Install or Cancel)."""
+        from desktop.addons import AddonDialog
+
+        if self.addon is None:
+            nvidia = self.hardware is not None and any(gpu.vendor == "nvidia" for gpu in self.hardware.gpus)
+            self.addon = AddonDialog("torch", nvidia_gpu=nvidia, parent=self)
+            self.addon.installed.connect(self._torch_arrived)
+            self.addon.finished.connect(self._addon_closed)
+        self.addon.open()
+
+    def _addon_closed(self, _result: int) -> None:
+        if self.addon is not None and not self.addon.running():
+            self.addon.deleteLater()
+            self.addon = None
+
+    def _torch_arrived(self, _name: str) -> None:
+        self._torch = True
+        item = self.backend.model().item(self.backend.findData("torch"))
+        item.setText(BACKEND_LABELS["torch"])
+        item.setToolTip("")
+        self.set_backend("torch")
 
     def _add_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")

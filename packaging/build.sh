@@ -77,7 +77,7 @@ cp -a "$DIST/specdeck" "$payload/specdeck"
 install -m 644 packaging/linux/specdeck.desktop assets/icons/specdeck.png "$payload/"
 install -m 755 packaging/linux/install-user.sh "$payload/install-user.sh"
 run="$DIST/specdeck-${VERSION}-x86_64.run"
-XZ_OPT=-T0 makeself --quiet --xz "$payload"  # xz on every core "$run" "SpecDeck $VERSION" ./install-user.sh >/dev/null
+XZ_OPT=-T0 makeself --quiet --xz "$payload" "$run" "SpecDeck $VERSION" ./install-user.sh >/dev/null  # xz on every core
 
 say "the Windows installer script, compiled against a stand-in payload (packaging/windows/)"
 bash packaging/windows/check_nsis.sh "$DIST/SpecDeck-$VERSION-setup-stand-in.exe"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The installers' smoke test: the .deb unpacked into a scratch root (dpkg -x) and the .run
 # installed with its --target and --prefix options, then the frozen app's --self-test from each,
-# in a clean environment (no Python, no compiler, no venv on PATH), on the offscreen platform.
+# in a clean environment (no Python, no compiler, no venv on PATH), on the offscreen platform, and
+# once on Xvfb; then the torch add-on installed by the frozen app and a chat on the PyTorch backend.
 #   bash packaging/smoke.sh dist/specdeck_V_amd64.deb dist/specdeck-V-x86_64.run
 set -euo pipefail
 deb="$1" run="$2"
@@ -32,6 +33,13 @@ say ".run into $scratch/prefix"
 sh "$run" --quiet --target "$scratch/unpacked" -- --prefix "$scratch/prefix" >/dev/null
 test -f "$scratch/prefix/share/applications/specdeck.desktop"
 clean_run "$scratch/prefix/bin/specdeck-gui" --self-test --timeout 120
+say "the torch add-on: installed by the frozen app's own pip into its data folder, then a chat on PyTorch"
+app="$scratch/root/opt/specdeck/specdeck"
+clean_run env SPECDECK_ADDON_PIP_ARGS="${SPECDECK_ADDON_PIP_ARGS:-}" "$app" -m backends.addons install torch >"$scratch/addon.log" 2>&1 \
+    || { tail -20 "$scratch/addon.log" >&2; exit 1; }
+printf 'Name one colour.\n' | clean_run "$app" -m backends.cli chat --backend torch --max-new-tokens 8 >"$scratch/torch-chat.log" 2>&1 \
+    || { tail -20 "$scratch/torch-chat.log" >&2; exit 1; }
+grep -q "tok/s" "$scratch/torch-chat.log" || { cat "$scratch/torch-chat.log" >&2; exit 1; }
 say "a CPU without AVX-512: the x64 (baseline) variant forced"
 clean_run env SPECDECK_CPU_VARIANT=x64 "$scratch/root/opt/specdeck/specdeck" --self-test --timeout 180
 say "passed"

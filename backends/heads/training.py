@@ -41,12 +41,9 @@ HOLDOUT_EVERY = 20  # one conversation in 20 is held out (the last one, if there
 
 
 def torch_or_error():
-    try:
-        import torch
-    except ImportError:
-        raise SpecDeckError("training a head needs torch: pip install 'specdeck[train]' "
-                            "(or pip install torch==2.13.0)") from None
-    return torch
+    from backends.addons import require
+
+    return require("torch", "training a head")
 
 
 @dataclass(frozen=True)

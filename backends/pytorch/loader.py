@@ -13,18 +13,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from backends.core.errors import BackendError, ModelFileError
+from backends.core.errors import BackendError, ModelFileError, SpecDeckError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def require_torch():
+    from backends.addons import require
+
     try:
-        import torch
-    except ImportError:
-        raise BackendError("the PyTorch backend needs torch: pip install 'specdeck[torch]' "
-                           "(or pip install torch)") from None
-    return torch
+        return require("torch", "the PyTorch backend")
+    except SpecDeckError as exc:
+        raise BackendError(str(exc)) from None
 
 
 def device_and_dtype(dtype: str = "auto", device: str = "auto"):
