@@ -77,8 +77,8 @@ def require(name: str, purpose: str):
     except ImportError:
         pass
     if frozen():
-        how = (f"install the {name} add-on: in the window, Models > Run with: PyTorch > Install, or "
-               f"`specdeck-gui -m backends.addons install {name}`")
+        how = (f"install the {name} add-on: in the window, pick \"PyTorch (install ...)\" under Run with in the "
+               f"Models dock, or run `specdeck-gui -m backends.addons install {name}`")
     else:
         how = f"pip install 'specdeck[{name}]' (or `python -m backends.addons install {name}`)"
     raise SpecDeckError(f"{purpose} needs {name}, which is not installed: {how}")

@@ -26,7 +26,7 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from backends.addons import activate
+from backends.addons import activate  # noqa: E402
 from backends.core.errors import SpecDeckError  # noqa: E402
 
 

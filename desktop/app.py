@@ -115,7 +115,8 @@ def dispose(window: MainWindow) -> None:
     a chart item whose scene was already gone sent events into half-destroyed Python objects and
     the process died with SIGSEGV after its work was done (seen when a failed load closed the
     window within a second). Deleting the window here lets Qt tear down its own tree first."""
-    window.close()
+    if window.isVisible():  # closed by the user already: its close event (worker shutdown) ran once
+        window.close()
     window.deleteLater()
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
