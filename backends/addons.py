@@ -1,6 +1,6 @@
 """Add-ons: optional Python packages SpecDeck installs into the user's data folder on request.
 
-torch is the one today. It is 200 MB (the CPU build) to 3 GB (with CUDA) and only training heads
+torch is the one today. It is 0.9 GB installed (the CPU build) to 3 GB (with CUDA) and only training heads
 and the PyTorch backend need it, so the installers leave it out. A user who asks for either gets
 it installed here, by pip, into ``<data dir>/addons/cp311-linux-x86_64`` (one folder per Python
 version and platform, since the wheels are binary): the frozen app carries pip and runs it as
@@ -41,7 +41,8 @@ class AddOn:
 
 ADDONS = {
     "torch": AddOn("torch", "torch==2.13.0", "training draft heads and the PyTorch backend",
-                   "about 200 MB (CPU build) or 2-3 GB (with CUDA, on a PC with an NVIDIA GPU)"),
+                   "the CPU build is a 200 MB download and 0.9 GB installed; with CUDA (on a PC with an "
+                   "NVIDIA GPU) about 3 GB"),
 }
 
 
