@@ -38,6 +38,7 @@ from backends.hardware.telemetry import Sampler
 from backends.hardware.types import HardwareReport
 from backends.models.llama_lib import cpu_runtime
 from backends.models.catalog import CATALOG, DEFAULT_MODEL, is_present, resolve_model
+from backends.remote.client import ServerConfig
 from desktop.charts import LiveCharts, follow_palette
 from desktop.chat import ChatPanel
 from desktop.compare import ComparePanel
@@ -349,8 +350,10 @@ class MainWindow(QMainWindow):
         if self.model is not None and self.model.server:
             self.disconnect_request.emit()
             return
-        dialog = ConnectDialog(str(self.settings.value("server/url", "")), self,
-                               ca_file=str(self.settings.value("server/ca", "")))
+        saved = self.settings
+        dialog = ConnectDialog(str(saved.value("server/url", "")), self, ca_file=str(saved.value("server/ca", "")),
+                               stall_timeout=float(saved.value("server/stall_s", ServerConfig.stall_timeout)),
+                               retries=int(saved.value("server/retries", ServerConfig.retries)))
         dialog.connect_requested.connect(self.connect_server)
         dialog.open()
         self.connect_dialog = dialog
@@ -382,6 +385,8 @@ class MainWindow(QMainWindow):
             return
         self.settings.setValue("server/url", config.url)
         self.settings.setValue("server/ca", config.verify if isinstance(config.verify, str) else "")
+        self.settings.setValue("server/stall_s", config.stall_timeout)
+        self.settings.setValue("server/retries", config.retries)
         self.connect_request.emit(ConnectRequest(config))
 
     def open_train_dialog(self, kind: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QHBoxLayout, QLabel,
-                               QLineEdit, QPushButton, QVBoxLayout, QWidget)
+                               QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
 from backends.core.errors import SpecDeckError
 from backends.remote.client import RemoteClient, ServerConfig
@@ -46,7 +46,8 @@ class ConnectDialog(QDialog):
 
     connect_requested = Signal(object)  # ServerConfig
 
-    def __init__(self, url: str = "", parent: QWidget | None = None, *, ca_file: str = "") -> None:
+    def __init__(self, url: str = "", parent: QWidget | None = None, *, ca_file: str = "",
+                 stall_timeout: float = ServerConfig.stall_timeout, retries: int = ServerConfig.retries) -> None:
         super().__init__(parent)
         self.setWindowTitle("Connect to a server")
         self.url = QLineEdit(url)
@@ -58,6 +59,23 @@ class ConnectDialog(QDialog):
         self.ca.setPlaceholderText("CA certificate file, for an HTTPS server with a self-signed certificate")
         self.remember = QCheckBox("Remember the key (system keyring, or a file only you can read)")
         self.remember.setChecked(True)
+        # How patient to be: a big model on a busy server can take minutes to its first token
+        # (the prompt is read first); a user on a flaky link wants more retries, one on a LAN fewer.
+        self.patience = QSpinBox()
+        self.patience.setRange(5, 3600)
+        self.patience.setSuffix(" s")
+        self.patience.setValue(round(stall_timeout))
+        self.patience.setToolTip("The longest silence accepted from the server, the time to its first token included")
+        self.retries = QSpinBox()
+        self.retries.setRange(0, 10)
+        self.retries.setValue(retries)
+        self.retries.setToolTip("Retries, with growing waits, when the server cannot be reached, is overloaded (429, "
+                                "502-504) or drops the connection before answering")
+        patience = QHBoxLayout()
+        patience.addWidget(self.patience)
+        patience.addWidget(QLabel("of silence from the server · retries"))
+        patience.addWidget(self.retries)
+        patience.addStretch(1)
         self.models = QComboBox()
         self.models.setEnabled(False)
         self.check_button = QPushButton("Check")
@@ -72,6 +90,7 @@ class ConnectDialog(QDialog):
         form.addRow("API key", self.key)
         form.addRow("", self.remember)
         form.addRow("TLS", self.ca)
+        form.addRow("Wait up to", patience)
         form.addRow("Model", self.models)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
         self.connect_button = self.buttons.addButton("Connect", QDialogButtonBox.ButtonRole.AcceptRole)
@@ -97,7 +116,7 @@ class ConnectDialog(QDialog):
         model = self.models.currentText() or None
         ca = self.ca.text().strip()
         return ServerConfig(self.url.text().strip(), api_key=self.key.text().strip() or None, model=model,
-                            verify=ca or True)
+                            verify=ca or True, stall_timeout=float(self.patience.value()), retries=self.retries.value())
 
     def check(self) -> None:
         try:

@@ -113,6 +113,35 @@ def test_server_failures_lose_nothing_and_the_window_stays_responsive(qtbot, win
         proxy.close()
 
 
+def test_how_patient_to_be_is_set_in_the_dialog_and_kept(qtbot, window, server):
+    """A stalled server is given up on after the silence the user chose, not the default 120 s."""
+    proxy = Proxy(server.url)
+    try:
+        window._server_clicked()
+        dialog = window.connect_dialog
+        assert (dialog.patience.value(), dialog.retries.value()) == (120, 3)  # the defaults, said in the dialog
+        dialog.url.setText(proxy.url)
+        dialog.key.setText(API_KEY)
+        dialog.patience.setValue(5)
+        dialog.retries.setValue(0)
+        dialog.check()
+        qtbot.waitUntil(lambda: dialog.connect_button.isEnabled(), timeout=30_000)
+        dialog.connect_button.click()
+        qtbot.waitUntil(lambda: window.model is not None and window.model.server and not window.busy, timeout=LOAD_TIMEOUT)
+        proxy.faults.plan.append({"stall_after": 6, "stall_for": 30})
+        send(qtbot, window, "Count to ten.")
+        qtbot.waitUntil(lambda: not window.busy and not window.chat.streaming, timeout=20_000)  # 5 s of silence, not 120
+        assert "sent nothing for 5 s" in window.banner.text(), window.banner.text()
+        window.server_button.click()  # Disconnect
+        qtbot.waitUntil(lambda: window.model is None, timeout=10_000)
+        window._server_clicked()
+        again = window.connect_dialog
+        assert (again.patience.value(), again.retries.value()) == (5, 0)  # kept for next time
+        again.reject()
+    finally:
+        proxy.close()
+
+
 def test_a_servers_gpus_are_charted_while_connected(qtbot, window, server):
     proxy = Proxy(server.url)
     proxy.metrics_text = dcgm_text({0: 287.5})  # the server exports dcgm-exporter's GPU figures
