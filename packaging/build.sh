@@ -4,7 +4,8 @@
 #   dist/specdeck_VERSION_amd64.deb    Debian/Ubuntu: /opt/specdeck, specdeck-gui on PATH, menu entry
 #   dist/specdeck-VERSION-x86_64.run   other distributions: a per-user install (no root), menu entry
 #   dist/SpecDeck-VERSION-setup-stand-in.exe   the NSIS script compiled with warnings as errors
-#                                      around a stand-in payload (the real one needs a Windows runner)
+#                                      around a stand-in payload (the real one needs a Windows runner),
+#                                      then installed and uninstalled under Wine (windows/wine_check.sh)
 # then the smoke test (packaging/smoke.sh) installs both into scratch folders and runs the frozen
 # app's --self-test from there with a clean environment.
 #   bash packaging/build.sh [--no-smoke]
@@ -81,6 +82,8 @@ XZ_OPT=-T0 makeself --quiet --xz "$payload" "$run" "SpecDeck $VERSION" ./install
 
 say "the Windows installer script, compiled against a stand-in payload (packaging/windows/)"
 bash packaging/windows/check_nsis.sh "$DIST/SpecDeck-$VERSION-setup-stand-in.exe"
+say "the same script under Wine: install, shortcuts, uninstall that keeps or (/REMOVEDATA) removes user data"
+bash packaging/windows/wine_check.sh
 
 ls -l "$deb" "$run" >&2
 say "installed size $((installed_kb / 1024)) MiB; .deb $(($(stat -c %s "$deb") / 1048576)) MiB; .run $(($(stat -c %s "$run") / 1048576)) MiB"

@@ -3,7 +3,7 @@
 # (an empty program and one file in _internal): it proves the script, its pages, icons and
 # uninstaller. The real payload is the PyInstaller folder a Windows runner builds
 # (.github/workflows/windows.yml); no Windows machine is reachable from here.
-#   bash packaging/windows/check_nsis.sh [OUT.exe]
+#   bash packaging/windows/check_nsis.sh [OUT.exe [MAKENSIS OPTIONS ...]]   (e.g. -DTARGET=amd64-unicode)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 say() { printf 'specdeck nsis: %s\n' "$*" >&2; }
@@ -18,5 +18,5 @@ printf 'MZ stand-in for the frozen program\n' > "$stand_in/specdeck/specdeck.exe
 printf 'stand-in payload\n' > "$stand_in/specdeck/_internal/README.txt"
 out=$(realpath -m "${1:-dist/SpecDeck-$VERSION-setup-stand-in.exe}")
 mkdir -p "$(dirname "$out")"
-makensis -WX -V2 -DVERSION="$VERSION" -DPAYLOAD="$stand_in/specdeck" -DOUTFILE="$out" packaging/windows/specdeck.nsi
+makensis -WX -V2 -DVERSION="$VERSION" -DPAYLOAD="$stand_in/specdeck" -DOUTFILE="$out" "${@:2}" packaging/windows/specdeck.nsi
 say "compiled without warnings: $out ($(stat -c %s "$out") bytes)"

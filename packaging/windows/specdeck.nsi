@@ -1,7 +1,7 @@
 ; SpecDeck's Windows installer (NSIS 3, Modern UI 2): a per-user install (no administrator
 ; rights: %LOCALAPPDATA%\Programs\SpecDeck), Start-menu and desktop shortcuts, an entry in
 ; "Installed apps", and an uninstaller that keeps the user's conversations, settings and models
-; unless they tick the box that removes them.
+; unless they tick the box that removes them (silently: `uninstall.exe /S /REMOVEDATA`).
 ;
 ;   makensis -DVERSION=0.1.0 -DPAYLOAD=dist\specdeck -DOUTFILE=dist\SpecDeck-0.1.0-setup.exe packaging\windows\specdeck.nsi
 ;
@@ -12,6 +12,9 @@
 ; settings). Those are what the uninstaller keeps by default.
 
 Unicode true
+!ifdef TARGET  ; -DTARGET=amd64-unicode: a 64-bit installer (Debian's NSIS has the stubs; the official one does not)
+  Target ${TARGET}
+!endif
 ManifestDPIAware true
 SetCompressor /SOLID lzma
 
@@ -33,6 +36,8 @@ SetCompressor /SOLID lzma
 
 !include "MUI2.nsh"
 !include "FileFunc.nsh"
+!include "LogicLib.nsh"
+!include "Sections.nsh"
 
 Name "${APP}"
 OutFile "${OUTFILE}"
@@ -106,6 +111,16 @@ Section /o "un.My conversations, models and settings" UnSecData
   RMDir /r "${USER_DATA}"
   DeleteRegKey HKCU "${USER_SETTINGS}"
 SectionEnd
+
+; `/REMOVEDATA` ticks that box for a silent uninstall (`uninstall.exe /S /REMOVEDATA`).
+Function un.onInit
+  ${un.GetParameters} $R0
+  ClearErrors
+  ${un.GetOptions} $R0 "/REMOVEDATA" $R1
+  ${IfNot} ${Errors}
+    !insertmacro SelectSection ${UnSecData}
+  ${EndIf}
+FunctionEnd
 
 !insertmacro MUI_UNFUNCTION_DESCRIPTION_BEGIN
   !insertmacro MUI_DESCRIPTION_TEXT ${UnSecApp} "The program, its shortcuts and its entry in Installed apps."
