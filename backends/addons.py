@@ -37,12 +37,13 @@ class AddOn:
     requirement: str  # what pip installs
     needed_for: str  # in the user's words
     size: str  # the download, roughly, for the question the window asks
+    cpu_index: str | None = None  # a smaller CPU-only build's index, used where no NVIDIA GPU is found
 
 
 ADDONS = {
     "torch": AddOn("torch", "torch==2.13.0", "training draft heads and the PyTorch backend",
                    "the CPU build is a 200 MB download and 0.9 GB installed; with CUDA (on a PC with an "
-                   "NVIDIA GPU) about 3 GB"),
+                   "NVIDIA GPU) about 3 GB", cpu_index=CPU_INDEX),
 }
 
 
@@ -90,16 +91,20 @@ def install_command(name: str, *, nvidia_gpu: bool) -> list[str]:
     addon = ADDONS[name]
     command = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                "--upgrade", "--target", str(addon_dir()), addon.requirement]
-    if name == "torch" and not nvidia_gpu:
-        command += ["--index-url", CPU_INDEX, "--extra-index-url", "https://pypi.org/simple"]
+    if addon.cpu_index and not nvidia_gpu:
+        command += ["--index-url", addon.cpu_index, "--extra-index-url", "https://pypi.org/simple"]
     return command + shlex.split(os.environ.get("SPECDECK_ADDON_PIP_ARGS", ""))
+
+
+def has_nvidia(gpus) -> bool:
+    """Whether CUDA wheels are worth their size here: an NVIDIA card among ``gpus`` (GpuInfo)."""
+    return any(gpu.vendor == "nvidia" for gpu in gpus)
 
 
 def _nvidia_gpu() -> bool:
     from backends.hardware.gpus import detect_gpus
 
-    gpus, _notes = detect_gpus()
-    return any(gpu.vendor == "nvidia" for gpu in gpus)
+    return has_nvidia(detect_gpus()[0])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -271,10 +271,11 @@ class ModelLibrary(QWidget):
 
     def _offer_torch(self) -> None:
         """PyTorch without torch: the add-on dialog (what, how big, where; Install or Cancel)."""
+        from backends.addons import has_nvidia
         from desktop.addons import AddonDialog
 
         if self.addon is None:
-            nvidia = self.hardware is not None and any(gpu.vendor == "nvidia" for gpu in self.hardware.gpus)
+            nvidia = self.hardware is not None and has_nvidia(self.hardware.gpus)
             self.addon = AddonDialog("torch", nvidia_gpu=nvidia, parent=self)
             self.addon.installed.connect(self._torch_arrived)
             self.addon.finished.connect(self._addon_closed)

@@ -63,7 +63,7 @@ class WelcomePage(QWidget):
         self.start.setDefault(True)
         self.start.setEnabled(False)
         self.start.clicked.connect(self.start_requested)
-        hint = QLabel("Other models: the <b>Models</b> dock (your own GGUF files, or <i>Find on the Hub</i>). "
+        hint = QLabel("Other models: the <b>Models</b> dock (your own GGUF files, or <i>Hugging Face ...</i> to download one). "
                       "Other methods: <b>Method and sampling</b>. <b>Compare methods</b> runs one prompt through several.")
         card = QFrame()
         card.setFrameShape(QFrame.Shape.StyledPanel)
