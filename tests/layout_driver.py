@@ -175,6 +175,7 @@ def main(size: str, out: Path, gpu_recording: str | None = None) -> int:
     wait_until(app, lambda: window.model is not None, 300)
     wait_until(app, lambda: window.methods.advice is not None and window.hardware is not None, 300)
     wait_until(app, lambda: not window.busy, 60)
+    tag = f"{size}-gpu" if gpu_recording else size
     welcome = None  # a returning user (the second launch of a test) gets no welcome page
     if window.welcome is not None:
         page = window.welcome
@@ -182,7 +183,7 @@ def main(size: str, out: Path, gpu_recording: str | None = None) -> int:
         settle(app)
         welcome = {"current": window.tabs.currentWidget() is page, "clipped": clipped(window),
                    "text": [label.text() for label in (page.hardware, page.model, page.method)]}
-        window.grab().save(str(out / f"welcome-{size}{'-gpu' if gpu_recording else ''}.png"))
+        window.grab().save(str(out / f"welcome-{tag}.png"))
         page.start.click()  # the new user's one click
         settle(app)
         welcome["after"] = {"chat_in_front": window.tabs.currentWidget() is window.chat,
@@ -194,7 +195,6 @@ def main(size: str, out: Path, gpu_recording: str | None = None) -> int:
     settle(app)
     out.mkdir(parents=True, exist_ok=True)
     chat = report(window)
-    tag = f"{size}-gpu" if gpu_recording else size
     window.grab().save(str(out / f"chat-{tag}.png"))
     window.tabs.setCurrentWidget(window.compare)
     window.compare.prompt.setPlainText("Summarize in one sentence: the council met on Tuesday to plan the new park.")
