@@ -337,6 +337,10 @@ def _add_server_args(p: argparse.ArgumentParser, *, many: bool) -> None:
     else:
         p.add_argument("--server", default=None, metavar="URL", help="chat with an OpenAI-compatible server (vLLM, llama-server)")
         p.add_argument("--served-model", default=None, help="which of the server's models (default: its first)")
+    p.add_argument("--api", choices=("auto", "chat", "completions"), default="auto",
+                   help="the endpoint asked: chat completions, plain completions (the conversation as a "
+                        "'User: ... Assistant:' transcript, for base models), or auto: chat unless the "
+                        "server has no chat template for the model")
     p.add_argument("--api-key-env", default="SPECDECK_API_KEY",
                    help="environment variable holding the server's API key (else the key saved for its address)")
 
@@ -356,7 +360,7 @@ def cmd_chat_server(args: argparse.Namespace) -> int:
     sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, sampling=sampling)
-    config = ServerConfig(args.server, api_key=_server_key(args, args.server), model=args.served_model)
+    config = ServerConfig(args.server, api_key=_server_key(args, args.server), model=args.served_model, api=args.api)
     with RemoteSession(config) as session:
         print(f"SpecDeck chat · {session.info.label} · Ctrl+C stops an answer, Ctrl+D quits", file=sys.stderr)
         chat_loop(session, ChatState(method="server", system=args.system), settings)
@@ -491,7 +495,8 @@ def cmd_bench_servers(args: argparse.Namespace) -> int:
     from backends.remote.bench import parse_servers, run_server_bench
 
     rows = parse_servers(args.server)
-    rows = [type(row)(row.name, replace(row.config, api_key=_server_key(args, row.config.url))) for row in rows]
+    rows = [type(row)(row.name, replace(row.config, api_key=_server_key(args, row.config.url), api=args.api))
+            for row in rows]
     result = run_server_bench(rows, prompts_file=args.prompts, per_category=args.per_category,
                               categories=tuple(c.strip() for c in args.categories.split(",")) if args.categories else None,
                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)

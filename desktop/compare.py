@@ -43,6 +43,7 @@ from backends.bench import default_prompts, load_prompts
 from backends.core.types import Finished, Step
 from backends.drafters import FIRST_COMPARED, REGISTRY
 from backends.models.paths import data_dir
+from backends.remote.client import ServerConfig
 from desktop.forms import PromptBox
 from desktop.panels import ScrollColumn
 from desktop.worker import CompareDone, CompareEvent, CompareRow
@@ -55,14 +56,21 @@ VERDICT_MIN_WIDTH = 110  # pixels for the last column ("identical to ar"); longe
 
 
 class ComparePanel(QWidget):
+    """Methods on the loaded model; while a server answers, servers instead (each drafts as it was
+    started, so a method there is a server launched with it)."""
+
     run_requested = Signal(str, tuple)  # prompt, methods
     stop_requested = Signal()
+    add_server_requested = Signal()
+    servers_changed = Signal(tuple)  # ((ServerConfig, ticked), ...): the servers offered for comparison
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.history_dir = data_dir() / "comparisons"
         self.panes: dict[str, QTextBrowser] = {}
         self.texts: dict[str, str] = {}
+        self.server = ""  # the connected server's name while one answers
+        self.server_checks: dict[str, tuple[QCheckBox, ServerConfig]] = {}
         self.last: CompareDone | None = None
         self.running = False
         self._build()
@@ -93,6 +101,23 @@ class ComparePanel(QWidget):
             self.checks[name] = box
             methods_row.addWidget(box, i // per_row, 1 + i % per_row)
         methods_row.setColumnStretch(per_row + 1, 1)
+        self.methods_box = QWidget()
+        self.methods_box.setLayout(methods_row)
+        methods_row.setContentsMargins(0, 0, 0, 0)
+        self.servers_box = QWidget()
+        self.servers_row = QHBoxLayout(self.servers_box)
+        self.servers_row.setContentsMargins(0, 0, 0, 0)
+        self.server_label = QLabel()
+        self.add_server_button = QPushButton("Add a server ...")
+        self.add_server_button.setToolTip("Another server (launched with another method, or on another machine) "
+                                          "to run the same prompt on; the connected one is the baseline")
+        self.add_server_button.clicked.connect(self.add_server_requested)
+        self.forget_servers_button = QPushButton("Forget unticked")
+        self.forget_servers_button.clicked.connect(self._forget_unticked)
+        for w in (self.server_label, self.add_server_button, self.forget_servers_button):
+            self.servers_row.addWidget(w)
+        self.servers_row.addStretch(1)
+        self.servers_box.hide()
         self.run_button = QPushButton("Run")
         self.run_button.clicked.connect(self.run)
         self.stop_button = QPushButton("Stop")
@@ -161,7 +186,8 @@ class ComparePanel(QWidget):
         split.addWidget(ScrollColumn(results, stretch=False))  # scrolls on a short screen
         layout = QVBoxLayout(self)
         layout.addWidget(self.prompt)
-        layout.addLayout(methods_row)
+        layout.addWidget(self.methods_box)
+        layout.addWidget(self.servers_box)
         layout.addLayout(run_row)
         layout.addWidget(split, 1)
         self._fit_table()
@@ -169,6 +195,48 @@ class ComparePanel(QWidget):
     # -- running -----------------------------------------------------------------------------
     def methods(self) -> tuple[str, ...]:
         return tuple(name for name, box in self.checks.items() if box.isChecked())
+
+    # -- servers -----------------------------------------------------------------------------
+    def set_server(self, name: str) -> None:
+        """Compare servers (``name``: the connected one, the baseline) or, with "", methods."""
+        self.server = name
+        self.methods_box.setVisible(not name)
+        self.servers_box.setVisible(bool(name))
+        self.server_label.setText(f"Servers: <b>{name}</b> (connected, the baseline)" if name else "")
+        header = COLUMNS[:-1] + (("same text as 1st",) if name else COLUMNS[-1:])
+        self.table.setHorizontalHeaderLabels(header)
+        self.chart.setLabel("left", "server" if name else "method")
+        self._fit_table()
+
+    def add_server(self, config: ServerConfig, *, checked: bool = True) -> None:
+        """Offer ``config``'s server for comparison (an address already offered is replaced)."""
+        if config.name in self.server_checks:
+            self._drop_server(config.name)
+        box = QCheckBox(config.name)
+        box.setChecked(checked)
+        box.setToolTip(f"{config.base}" + (f" · model {config.model}" if config.model else ""))
+        box.toggled.connect(lambda _: self.servers_changed.emit(self.servers()))
+        self.server_checks[config.name] = (box, config)
+        self.servers_row.insertWidget(self.servers_row.indexOf(self.add_server_button), box)
+        self.servers_changed.emit(self.servers())
+
+    def servers(self) -> tuple[tuple[ServerConfig, bool], ...]:
+        """Every offered server and whether it is ticked (what is kept for the next start)."""
+        return tuple((config, box.isChecked()) for box, config in self.server_checks.values())
+
+    def chosen_servers(self) -> tuple[ServerConfig, ...]:
+        """The ticked servers other than the connected one, in the order they were added."""
+        return tuple(config for box, config in self.server_checks.values() if box.isChecked() and config.name != self.server)
+
+    def _drop_server(self, name: str) -> None:
+        box, _ = self.server_checks.pop(name)
+        self.servers_row.removeWidget(box)
+        box.deleteLater()
+
+    def _forget_unticked(self) -> None:
+        for name in [n for n, (box, _) in self.server_checks.items() if not box.isChecked()]:
+            self._drop_server(name)
+        self.servers_changed.emit(self.servers())
 
     def set_available(self, usable: dict[str, str | None]) -> None:
         """Grey out methods that cannot run now (name -> reason or None): the loaded session lacks
@@ -195,7 +263,7 @@ class ComparePanel(QWidget):
         text = self.prompt.toPlainText().strip()
         if not text or self.running:
             return
-        methods = self.methods()
+        methods = () if self.server else self.methods()
         self._start(methods)
         self.run_requested.emit(text, methods)
 
@@ -212,7 +280,7 @@ class ComparePanel(QWidget):
             if widget is not None:
                 widget.deleteLater()
         self.panes, self.texts = {}, {}
-        for name in (m for m in REGISTRY if m in methods):
+        for name in [m for m in REGISTRY if m in methods] + [m for m in methods if m not in REGISTRY]:  # servers last
             self._add_pane(name)
 
     def _add_pane(self, name: str) -> QTextBrowser:
@@ -373,6 +441,8 @@ def _cells(row: CompareRow) -> tuple[str, ...]:
         same = "yes"
     elif row.near_tie:
         same = f"yes, up to a near-tie at token {row.divergence_position}"
+    elif row.divergence_position is None:  # a server's answer: only its text is known
+        same = "NO"
     else:
         same = f"NO from token {row.divergence_position} (margin {num(row.divergence_margin, '{:.3f}')})"
     depths = " ".join(f"{100 * a:.0f}" for a in row.acceptance_by_depth[:DEPTHS_SHOWN]) or "-"  # narrow: 1366 pixels

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import itertools
+import json
 from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEvent, QMetaObject, QSettings, QSize, Qt, QThread, QTimer, Signal
@@ -39,6 +40,7 @@ from backends.hardware.types import HardwareReport
 from backends.models.llama_lib import cpu_runtime
 from backends.models.catalog import CATALOG, DEFAULT_MODEL, is_present, resolve_model
 from backends.remote.client import ServerConfig
+from backends.remote.keys import load_key
 from desktop.charts import LiveCharts, follow_palette
 from desktop.chat import ChatPanel
 from desktop.compare import ComparePanel
@@ -169,6 +171,10 @@ class MainWindow(QMainWindow):
         self.compare = ComparePanel()
         self.compare.run_requested.connect(self.run_comparison)
         self.compare.stop_requested.connect(self.stop)
+        self.compare.add_server_requested.connect(self._add_compare_server)
+        for config, ticked in saved_servers(self.settings):
+            self.compare.add_server(config, checked=ticked)
+        self.compare.servers_changed.connect(self._keep_compare_servers)
         self.tabs = QTabWidget()
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.compare, "Compare methods")
@@ -353,10 +359,33 @@ class MainWindow(QMainWindow):
         saved = self.settings
         dialog = ConnectDialog(str(saved.value("server/url", "")), self, ca_file=str(saved.value("server/ca", "")),
                                stall_timeout=float(saved.value("server/stall_s", ServerConfig.stall_timeout)),
-                               retries=int(saved.value("server/retries", ServerConfig.retries)))
+                               retries=int(saved.value("server/retries", ServerConfig.retries)),
+                               api=str(saved.value("server/api", ServerConfig.api)))
         dialog.connect_requested.connect(self.connect_server)
         dialog.open()
         self.connect_dialog = dialog
+
+    def _add_compare_server(self) -> None:
+        """The Connect dialog, adding a server to the comparison panel instead of connecting."""
+        saved = self.settings
+        dialog = ConnectDialog("", self, stall_timeout=float(saved.value("server/stall_s", ServerConfig.stall_timeout)),
+                               retries=int(saved.value("server/retries", ServerConfig.retries)), action="Add")
+        dialog.connect_requested.connect(self.compare.add_server)
+        dialog.open()
+        self.connect_dialog = dialog
+
+    def _compare_servers(self, name: str) -> None:
+        """While the server ``name`` answers, the comparison tab compares servers; with "", methods."""
+        self.compare.set_server(name)
+        self.tabs.setTabText(self.tabs.indexOf(self.compare), "Compare servers" if name else "Compare methods")
+
+    def _keep_compare_servers(self, servers: tuple) -> None:
+        """The comparison's servers for the next start: addresses, models and CA files (keys stay
+        in the keyring or the owner-only file, where the dialog put them)."""
+        self.settings.setValue("server/compare", json.dumps([
+            {"url": c.url, "model": c.model, "ca": c.verify if isinstance(c.verify, str) else "", "api": c.api,
+             "ticked": ticked}
+            for c, ticked in servers]))
 
     def _chart_gpus(self, server_metrics: str) -> None:
         """The GPU charts read the server's GPUs (``server_metrics``: its dcgm-exporter) or, with
@@ -387,6 +416,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue("server/ca", config.verify if isinstance(config.verify, str) else "")
         self.settings.setValue("server/stall_s", config.stall_timeout)
         self.settings.setValue("server/retries", config.retries)
+        self.settings.setValue("server/api", config.api)
         self.connect_request.emit(ConnectRequest(config))
 
     def open_train_dialog(self, kind: str) -> None:
@@ -443,6 +473,7 @@ class MainWindow(QMainWindow):
         self.status_label.setText(self._ready_text(ready))
         self.server_button.setText("Disconnect" if ready.server else "Connect to a server ...")
         self._chart_gpus(ready.gpu_metrics if ready.server else "")
+        self._compare_servers(ServerConfig(ready.server).name if ready.server else "")
         self._set_title(ready.name)
         self.charts.set_reference(ready.plain_tok_s)  # this model's measured plain decoding, or no line
         self.clear_error()
@@ -465,6 +496,7 @@ class MainWindow(QMainWindow):
         self.model = None
         self.server_button.setText("Connect to a server ...")
         self._chart_gpus("")
+        self._compare_servers("")
         self.library.set_loaded(None)
         self._end_load()
         self.status_label.setText("No model loaded")
@@ -540,7 +572,8 @@ class MainWindow(QMainWindow):
             self.compare.on_failure("Load a model first." if self.model is None else "Fix the sampling settings first.")
             return
         settings = {m: self.methods.form_of[m].changed_values() for m in methods}
-        self._compare = CompareRequest(next(self._ids), prompt, methods, generation, settings)
+        servers = self.compare.chosen_servers() if self.model.server else ()
+        self._compare = CompareRequest(next(self._ids), prompt, methods, generation, settings, servers)
         self.compare_request.emit(self._compare)
 
     def _on_compare_event(self, ev: CompareEvent) -> None:
@@ -640,3 +673,22 @@ def compute_advice(ready: ModelReady, hw: HardwareReport) -> MethodAdvice:
                                                     heads_bytes=trained_head_bytes(spec, ready.path, rt.n_ctx)))
             for name, spec in REGISTRY.items()}
     return MethodAdvice(recs, fits, tuple(Path(s.path) for s in compatible), recs.rejected_drafts)
+
+
+def saved_servers(settings: QSettings) -> list[tuple[ServerConfig, bool]]:
+    """The comparison panel's servers kept by ``_keep_compare_servers`` (a damaged entry is skipped:
+    a settings file edited by hand must not stop the window from opening)."""
+    try:
+        entries = json.loads(str(settings.value("server/compare", "[]")))
+    except ValueError:
+        return []
+    out = []
+    for entry in entries if isinstance(entries, list) else ():
+        try:
+            url = entry["url"]
+            out.append((ServerConfig(url, api_key=load_key(url), model=entry.get("model") or None,
+                                     verify=entry.get("ca") or True, api=entry.get("api") or ServerConfig.api),
+                        bool(entry.get("ticked", True))))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return out

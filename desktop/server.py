@@ -21,6 +21,12 @@ from backends.remote.client import RemoteClient, ServerConfig
 from backends.remote.keys import load_key, save_key
 from backends.remote.session import ServerInfo, engine_of
 from desktop.jobs import run_job
+from desktop.launch import LaunchDialog
+
+
+API_CHOICES = {"auto": "chat, or plain completions for a model without a chat template",
+               "chat": "chat completions (/v1/chat/completions)",
+               "completions": "plain completions (/v1/completions)"}
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class Checked:
 def check_server(config: ServerConfig) -> Checked:
     """Ask ``config``'s server for its models and engine (runs off the GUI thread)."""
     with RemoteClient(config) as client:
-        models = client.models()
+        models = client.ready_models()
         if not models:
             raise SpecDeckError(f"{config.base} serves no model")
         engine, counters, gpus = engine_of(client)
@@ -42,14 +48,16 @@ def check_server(config: ServerConfig) -> Checked:
 
 
 class ConnectDialog(QDialog):
-    """Address, key, a check that lists the server's models, and Connect."""
+    """Address, key, a check that lists the server's models, and Connect (or, for the comparison
+    panel, Add: ``action`` names the button)."""
 
     connect_requested = Signal(object)  # ServerConfig
 
     def __init__(self, url: str = "", parent: QWidget | None = None, *, ca_file: str = "",
-                 stall_timeout: float = ServerConfig.stall_timeout, retries: int = ServerConfig.retries) -> None:
+                 stall_timeout: float = ServerConfig.stall_timeout, retries: int = ServerConfig.retries,
+                 action: str = "Connect", api: str = ServerConfig.api) -> None:
         super().__init__(parent)
-        self.setWindowTitle("Connect to a server")
+        self.setWindowTitle("Connect to a server" if action == "Connect" else "A server to compare with")
         self.url = QLineEdit(url)
         self.url.setPlaceholderText("http://gpu-box:8000  (vLLM, llama-server or any OpenAI-compatible server)")
         self.key = QLineEdit((load_key(url) or "") if url else "")
@@ -76,6 +84,12 @@ class ConnectDialog(QDialog):
         patience.addWidget(QLabel("of silence from the server · retries"))
         patience.addWidget(self.retries)
         patience.addStretch(1)
+        self.api = QComboBox()
+        for value, text in API_CHOICES.items():
+            self.api.addItem(text, value)
+        self.api.setCurrentIndex(max(0, self.api.findData(api)))
+        self.api.setToolTip("Base models without a chat template are asked through /v1/completions, the "
+                            "conversation written as 'User: ... Assistant:'")
         self.models = QComboBox()
         self.models.setEnabled(False)
         self.check_button = QPushButton("Check")
@@ -92,9 +106,15 @@ class ConnectDialog(QDialog):
         form.addRow("TLS", self.ca)
         form.addRow("Wait up to", patience)
         form.addRow("Model", self.models)
+        form.addRow("Endpoint", self.api)
         self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
-        self.connect_button = self.buttons.addButton("Connect", QDialogButtonBox.ButtonRole.AcceptRole)
+        self.connect_button = self.buttons.addButton(action, QDialogButtonBox.ButtonRole.AcceptRole)
         self.connect_button.setEnabled(False)
+        self.launch_button = self.buttons.addButton("Launch command ...", QDialogButtonBox.ButtonRole.HelpRole)
+        self.launch_button.setToolTip("The command that starts vLLM or llama-server with a method chosen here "
+                                      "(a server drafts as it was started)")
+        self.launch_button.clicked.connect(self.show_launch)
+        self.launch_dialog: LaunchDialog | None = None
         self.buttons.accepted.connect(self._connect)
         self.buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
@@ -106,6 +126,12 @@ class ConnectDialog(QDialog):
         self.ca.textEdited.connect(lambda _: self._changed())
         self.resize(560, 0)
 
+    def show_launch(self) -> None:
+        if self.launch_dialog is None:
+            self.launch_dialog = LaunchDialog(self)
+        self.launch_dialog.show()
+        self.launch_dialog.raise_()
+
     def _changed(self) -> None:
         self.connect_button.setEnabled(False)
         self.models.clear()
@@ -116,7 +142,8 @@ class ConnectDialog(QDialog):
         model = self.models.currentText() or None
         ca = self.ca.text().strip()
         return ServerConfig(self.url.text().strip(), api_key=self.key.text().strip() or None, model=model,
-                            verify=ca or True, stall_timeout=float(self.patience.value()), retries=self.retries.value())
+                            verify=ca or True, stall_timeout=float(self.patience.value()), retries=self.retries.value(),
+                            api=self.api.currentData())
 
     def check(self) -> None:
         try:

@@ -30,7 +30,6 @@ from backends.models.catalog import CATALOG, resolve_model
 from backends.models.chat import Message
 from backends.models.gguf_info import read_gguf_info
 from backends.remote.client import ServerConfig
-from backends.remote.session import METHOD as SERVER_METHOD
 from backends.remote.session import RemoteSession
 
 
@@ -66,6 +65,7 @@ class CompareRequest:
     methods: tuple[str, ...]
     generation: GenerationSettings
     method_settings: dict = field(default_factory=dict)  # method -> {setting: value}
+    servers: tuple[ServerConfig, ...] = ()  # while a server answers: more servers to run the prompt on, after it
     cancel: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
@@ -448,21 +448,40 @@ class Worker(QObject):
             self.answer_event.emit(AnswerEvent(request.request_id, event))
 
     def _compare_remote(self, remote: RemoteSession, request: CompareRequest) -> CompareDone:
-        """The server answers the prompt as it is configured (one row): it picks its own method,
-        so comparing methods there means comparing servers (``specdeck bench --server A --server B``)."""
-        finished = None
+        """The connected server, then each of ``request.servers``, answer the prompt as each was
+        started: a server picks its own method, so comparing methods there means comparing servers
+        launched with different ones. The first is the baseline, as in ``specdeck bench --server``.
+        Another server that fails gets a row saying why; the connected one failing ends the run."""
+        runs = {remote.config.name: self._remote_run(remote, request)}
+        failed: dict[str, str] = {}
+        for config in request.servers:
+            if request.cancel.is_set():
+                break
+            try:
+                with RemoteSession(config) as other:
+                    runs[config.name] = self._remote_run(other, request)
+            except (SpecDeckError, ValueError, OSError) as exc:
+                failed[config.name] = str(exc)
+            except Exception as exc:  # noqa: BLE001 - one server's fault must not cost the others' results
+                failed[config.name] = _unexpected(exc)
+        if request.cancel.is_set() or any(run is None for run in runs.values()):
+            return CompareDone(request.request_id, request.prompt, (), cancelled=True)
+        first = runs[remote.config.name]
+        names = [remote.config.name] + [c.name for c in request.servers]
+        rows = tuple(_failed_row(name, failed[name]) if name in failed else _server_row(name, runs[name], first)
+                     for name in names if name in runs or name in failed)
+        return CompareDone(request.request_id, request.prompt, rows)
+
+    def _remote_run(self, remote: RemoteSession, request: CompareRequest) -> TurnRun | None:
+        """One server's answer to the prompt, streamed to its pane; None when stopped."""
+        finished, t0 = None, time.monotonic()
         for event in remote.generate([{"role": "user", "content": request.prompt}], request.generation,
                                      cancel=request.cancel):
-            self.compare_event.emit(CompareEvent(request.request_id, SERVER_METHOD, event))
+            self.compare_event.emit(CompareEvent(request.request_id, remote.config.name, event))
             finished = event if isinstance(event, Finished) else finished
         if finished is None or request.cancel.is_set():
-            return CompareDone(request.request_id, request.prompt, (), cancelled=True)
-        run = TurnRun([], list(finished.tokens), finished.text, finished.stats, 0.0)
-        stats = finished.stats
-        row = CompareRow(method=SERVER_METHOD, decode_tok_s=decode_rate([run]), speedup=float("nan"), tau=stats.tau,
-                         acceptance_rate=stats.acceptance_rate, new_tokens=stats.new_tokens, joules_per_token=None,
-                         identical=True, divergence_margin=None, text=finished.text)
-        return CompareDone(request.request_id, request.prompt, (row,))
+            return None
+        return TurnRun([], list(finished.tokens), finished.text, finished.stats, 0.0, t0, time.monotonic())
 
     def _close_remote(self) -> None:
         if self.remote is not None:
@@ -528,6 +547,18 @@ class PrefillWatch:
         if self.reading:
             self.report()
         return self.cancel.is_set()
+
+
+def _server_row(name: str, run: TurnRun, first: TurnRun) -> CompareRow:
+    """A server's row: its decode rate against the first server's, and whether it wrote the same
+    text (token ids and logits do not travel over the API, so a difference is placed by character)."""
+    rate, first_rate = decode_rate([run]), decode_rate([first])
+    stats, same = run.stats, run.text == first.text
+    at = next((i for i, (a, b) in enumerate(zip(run.text, first.text)) if a != b), min(len(run.text), len(first.text)))
+    return CompareRow(method=name, decode_tok_s=rate, speedup=rate / first_rate if first_rate > 0 else float("nan"),
+                      tau=stats.tau, acceptance_rate=stats.acceptance_rate, new_tokens=stats.new_tokens,
+                      joules_per_token=None, identical=same, divergence_margin=None, text=run.text,
+                      divergence_note="" if same else f"its text leaves the first server's at character {at}")
 
 
 def _failed_row(method: str, error: str) -> CompareRow:

@@ -77,7 +77,8 @@ def start_server(tmp: Path, *, draft: str | None = None, model: str = "smollm2-1
 
 @dataclass
 class Faults:
-    """What the proxy does to the next requests (consumed in order; empty: pass through)."""
+    """What the proxy does to the next requests (consumed in order; empty: pass through). A fault
+    applies to the chat endpoint unless it names another ``path``."""
 
     plan: list[dict] = field(default_factory=list)
     seen: list[str] = field(default_factory=list)  # request paths, in order
@@ -86,7 +87,7 @@ class Faults:
     def next(self, path: str) -> dict:
         with self.lock:
             self.seen.append(path)
-            if path.endswith("/chat/completions") and self.plan:
+            if self.plan and path.endswith(self.plan[0].get("path", "/chat/completions")):
                 return self.plan.pop(0)
             return {}
 

@@ -12,6 +12,7 @@ import pytest  # noqa: E402
 from PySide6.QtCore import QTimer  # noqa: E402
 
 from backends.remote.client import ServerConfig  # noqa: E402
+from desktop.main_window import saved_servers  # noqa: E402
 from tests.desktop_kit import ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, close_window, open_window, send, shown  # noqa: E402
 from tests.remote_kit import API_KEY, Proxy, dcgm_text, free_port, start_server  # noqa: E402
 
@@ -59,8 +60,9 @@ def test_connect_through_the_dialog_chat_with_charts_and_compare(qtbot, window, 
     compare.prompt.setPlainText("Say hello.")
     compare.run()
     qtbot.waitUntil(lambda: not compare.running, timeout=ANSWER_TIMEOUT)
-    assert compare.table.rowCount() == 1 and compare.table.item(0, 0).text() == "server"
-    assert compare.texts["server"].strip() and compare.panes["server"].toPlainText() == compare.texts["server"]
+    name = ServerConfig(server.url).name  # host:port
+    assert compare.table.rowCount() == 1 and compare.table.item(0, 0).text() == name
+    assert compare.texts[name].strip() and compare.panes[name].toPlainText() == compare.texts[name]
     window.server_button.click()  # Disconnect: no local model was loaded
     qtbot.waitUntil(lambda: window.model is None, timeout=10_000)
     assert window.server_button.text().startswith("Connect")
@@ -170,3 +172,89 @@ def test_loading_a_model_leaves_the_server_and_a_failed_load_keeps_it(qtbot, win
     qtbot.waitUntil(lambda: window.model is not None and not window.model.server and not window.busy, timeout=LOAD_TIMEOUT)
     assert window.worker.remote is None and window.server_button.text().startswith("Connect")
     assert window.methods.isEnabled()
+
+
+def test_compare_runs_the_prompt_on_several_servers(qtbot, window, server):
+    """Servers launched with different methods are compared as methods are locally: the connected
+    one is the baseline, another is added through the dialog, one that is down gets a row saying
+    why, and the list is kept for the next start."""
+    proxy = Proxy(server.url)  # a second address (the same engine behind it)
+    dead = ServerConfig(f"http://127.0.0.1:{free_port()}", retries=0)
+    try:
+        connect(qtbot, window, server.url)
+        compare = window.compare
+        assert not compare.servers_box.isHidden() and compare.methods_box.isHidden()
+        assert window.tabs.tabText(window.tabs.indexOf(compare)) == "Compare servers"
+        compare.add_server_button.click()
+        dialog = window.connect_dialog
+        assert dialog.connect_button.text() == "Add"
+        dialog.url.setText(proxy.url)
+        dialog.key.setText(API_KEY)
+        dialog.check()
+        qtbot.waitUntil(lambda: dialog.connect_button.isEnabled(), timeout=30_000)
+        dialog.connect_button.click()
+        compare.add_server(dead)
+        first, second = ServerConfig(server.url).name, ServerConfig(proxy.url).name
+        assert [c.name for c in compare.chosen_servers()] == [second, dead.name]
+        compare.prompt.setPlainText("Say hello.")
+        compare.run()
+        qtbot.waitUntil(lambda: not compare.running, timeout=ANSWER_TIMEOUT)
+        rows = {compare.table.item(r, 0).text(): [compare.table.item(r, c).text() for c in range(8)]
+                for r in range(compare.table.rowCount())}
+        assert list(rows) == [first, second, dead.name]
+        assert rows[first][2] == "1.00x" and rows[second][2].endswith("x") and float(rows[second][1]) > 0
+        same = compare.texts[second] == compare.texts[first]  # a Q4_1 near-tie may part them: the verdict must say which
+        assert rows[second][7] == ("yes" if same else "NO") and compare.table.horizontalHeaderItem(7).text() == "same text as 1st"
+        assert rows[dead.name][7].startswith("failed: cannot reach") and compare.texts[first].strip()
+        kept = [(config.url, ticked) for config, ticked in saved_servers(window.settings)]
+        assert kept == [(proxy.url, True), (dead.url, True)]
+        assert [c.api_key for c, _ in saved_servers(window.settings)][0] == API_KEY  # remembered by the dialog
+        window.settings.setValue("server/compare", '[{"url": "ftp://x"}, 3, "not a server"]')
+        assert saved_servers(window.settings) == []  # a damaged entry is skipped, not fatal
+        window.server_button.click()  # Disconnect: methods again
+        qtbot.waitUntil(lambda: window.model is None, timeout=10_000)
+        assert not compare.methods_box.isHidden() and compare.servers_box.isHidden()
+        assert compare.table.horizontalHeaderItem(7).text() == "identical to ar"
+        assert window.tabs.tabText(window.tabs.indexOf(compare)) == "Compare methods"
+    finally:
+        proxy.close()
+
+
+def test_the_launch_command_follows_the_method_chosen_and_the_engines_version(qtbot):
+    """The dialog writes what ``specdeck launch`` writes, for the engine generation chosen, and says
+    why when that engine or version cannot run the method."""
+    from PySide6.QtGui import QGuiApplication
+
+    from desktop.launch import LaunchDialog
+    from desktop.server import ConnectDialog
+
+    connect = ConnectDialog()
+    qtbot.addWidget(connect)
+    connect.launch_button.click()
+    dialog = connect.launch_dialog
+    assert isinstance(dialog, LaunchDialog) and "name the model" in dialog.command.toPlainText()
+    assert not dialog.copy_button.isEnabled()
+    dialog.model.setText("meta-llama/Llama-3.1-8B-Instruct")
+    dialog.method.setCurrentText("pld")
+    assert '--speculative-config \'{"method": "ngram"' in dialog.command.toPlainText()
+    dialog.version.setText("0.7.3")  # the older flags
+    assert "--ngram-prompt-lookup-max" in dialog.command.toPlainText()
+    dialog.method.setCurrentText("eagle3")
+    assert "needs the draft model" in dialog.command.toPlainText() and not dialog.copy_button.isEnabled()
+    dialog.draft.setText("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+    assert "from version 0.8.5 on" in dialog.command.toPlainText() and not dialog.copy_button.isEnabled()
+    dialog.version.setText("0.10.1")
+    dialog.gpus.setValue(2)
+    text = dialog.command.toPlainText()
+    assert '"method": "eagle3"' in text and "--tensor-parallel-size 2" in text and "export VLLM_API_KEY" in text
+    dialog.copy_button.click()
+    assert QGuiApplication.clipboard().text() == text
+    dialog.engine.setCurrentIndex(dialog.engine.findData("llama-server"))
+    assert dialog.method.currentText() == "eagle3" and dialog.port.value() == 8080
+    dialog.model.setText("big.gguf")
+    dialog.draft.setText("eagle3.gguf")
+    assert "--spec-draft-model eagle3.gguf --spec-type draft-eagle3" in dialog.command.toPlainText()
+    dialog.spelling.setCurrentIndex(dialog.spelling.findData("older"))
+    assert "cannot run eagle3" in dialog.command.toPlainText()
+    dialog.method.setCurrentText("draft")
+    assert "--model-draft eagle3.gguf --draft-max 5" in dialog.command.toPlainText()

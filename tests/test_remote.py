@@ -302,6 +302,42 @@ def test_server_errors_and_rate_limits(proxy):
         assert err.value.kind == "rate_limited"
 
 
+def test_a_server_still_loading_its_model_says_so(proxy):
+    proxy.faults.plan.append({"path": "/health", "status": 503,
+                              "body": '{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}'})
+    with pytest.raises(RemoteError, match="still loading its model") as err:
+        RemoteSession(config(proxy.url))
+    assert err.value.kind == "loading"
+    with RemoteSession(config(proxy.url)) as session:  # ready now
+        assert session.client.health() in (None, "ok") and session.info.models
+
+
+def test_plain_completions_for_a_model_without_a_chat_template(proxy):
+    """Asked through /v1/completions (a base model's way), the conversation goes as a plain
+    transcript; with api="auto" a server that refuses a chat for want of a template (vLLM's 400)
+    is asked that way from then on, and a 400 for another reason is still an error."""
+    with RemoteSession(config(proxy.url, api="completions")) as session:
+        events, done = answer(session, gen=GenerationSettings(max_new_tokens=16))
+        assert done.text.strip() and "".join(e.text for e in events if isinstance(e, Step)) == done.text
+        assert proxy.faults.seen[-1] == "/v1/completions" and "\nUser:" not in done.text
+        body = session.request_body(ASK, GREEDY, chat=False)
+        assert body["prompt"].startswith("User: ") and body["prompt"].endswith("\nAssistant:") and "\nUser:" in body["stop"]
+    refusal = ('{"error": {"message": "As of transformers v4.44, default chat template is no longer allowed, so you must '
+               'provide a chat template if the tokenizer does not define one."}}')
+    with RemoteSession(config(proxy.url)) as session:
+        proxy.faults.plan.append({"status": 400, "body": refusal})
+        _, done = answer(session, gen=GenerationSettings(max_new_tokens=8))
+        assert done.text and proxy.faults.seen[-2:] == ["/v1/chat/completions", "/v1/completions"]
+        answer(session, gen=GenerationSettings(max_new_tokens=4))
+        assert proxy.faults.seen[-1] == "/v1/completions"  # remembered for the session
+    with RemoteSession(config(proxy.url)) as session:
+        proxy.faults.plan.append({"status": 400, "body": '{"error": {"message": "max_tokens is too large"}}'})
+        with pytest.raises(RemoteError, match="max_tokens is too large"):
+            answer(session)
+    with pytest.raises(ValueError, match="API is one of"):
+        ServerConfig(proxy.url, api="responses")
+
+
 def test_a_stalled_stream_is_reported_and_cancel_works_while_waiting(proxy):
     with RemoteSession(config(proxy.url, stall_timeout=1.5)) as session:
         proxy.faults.plan.append({"stall_after": 6, "stall_for": 6})

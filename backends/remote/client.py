@@ -35,12 +35,14 @@ from backends.core.errors import SpecDeckError
 from backends.remote.metrics import SpecCounters, parse_vllm
 
 _RETRY_STATUS = {429, 502, 503, 504}
+APIS = ("auto", "chat", "completions")
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 _DONE = object()
 
 
 class RemoteError(SpecDeckError):
     """A server could not give (all of) an answer. ``kind`` is one of unreachable, auth,
-    rate_limited, server, bad_request, stalled, dropped, protocol, tls; ``partial`` is the answer text
+    rate_limited, server, bad_request, stalled, dropped, protocol, tls, loading; ``partial`` is the answer text
     received before the failure."""
 
     def __init__(self, kind: str, message: str, *, partial: str = "", status: int | None = None) -> None:
@@ -65,10 +67,18 @@ class ServerConfig:
     retries: int = 3
     backoff: float = 0.5  # seconds before the first retry; doubles each time
     max_wait: float = 30.0  # the longest Retry-After honoured
+    api: str = "auto"  # "chat", "completions" (a plain transcript as the prompt), or "auto": chat unless the model has no template
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"a server address starts with http:// or https://, got {self.url!r}")
+        if self.api not in APIS:
+            raise ValueError(f"the API is one of {', '.join(APIS)}, got {self.api!r}")
+
+    @property
+    def name(self) -> str:
+        """A short label for tables and panes: ``host:port`` (the scheme and path left out)."""
+        return httpx.URL(self.base).netloc.decode() or self.base
 
     @property
     def base(self) -> str:
@@ -143,7 +153,7 @@ def status_error(response: httpx.Response, *, what: str) -> RemoteError:
 
 
 class RemoteClient:
-    """One server: its models, health, counters, and streamed chat completions."""
+    """One server: its models, health, counters, and streamed (chat) completions."""
 
     def __init__(self, config: ServerConfig, *, transport: httpx.BaseTransport | None = None) -> None:
         self.config = config
@@ -213,6 +223,25 @@ class RemoteClient:
             raise RemoteError("protocol", "the server's model list has no 'data'; is this an OpenAI-compatible address?")
         return [str(item["id"]) for item in data if isinstance(item, dict) and "id" in item]
 
+    def health(self) -> str | None:
+        """``/health`` as vLLM and llama-server answer it: "ok", or "loading" for the 503 that
+        llama-server sends while it reads its model; None where there is no such endpoint (404)
+        or it could not be asked (the model list is what proves a server usable)."""
+        try:
+            response = self.http.get("/health", timeout=min(5.0, self.config.stall_timeout))
+        except httpx.HTTPError:
+            return None
+        if response.is_success:
+            return "ok"
+        return "loading" if response.status_code == 503 else None
+
+    def ready_models(self) -> list[str]:
+        """The model list of a server ready to answer; one still loading its model is said to be."""
+        if self.health() == "loading":
+            raise RemoteError("loading", f"{self.config.base} is still loading its model (/health answers 503); "
+                              "try again when it is ready", status=503)
+        return self.models()
+
     def optional_text(self, path: str) -> str | None:
         """A side endpoint (``/metrics``, ``/props``, ``/version``) or None where the server has
         none; never retried for long, never fatal."""
@@ -233,10 +262,10 @@ class RemoteClient:
             return None
 
     # -- streaming -----------------------------------------------------------------------------
-    def stream_chat(self, body: dict, *, cancel: threading.Event | None = None) -> Iterator[Piece]:
-        """Stream ``/v1/chat/completions`` (``body`` without ``stream``); stops quietly when
-        ``cancel`` is set and raises ``RemoteError`` (with the text so far) on any failure."""
-        request = self.http.build_request("POST", "/v1/chat/completions", json={**body, "stream": True})
+    def stream(self, endpoint: str, body: dict, *, cancel: threading.Event | None = None) -> Iterator[Piece]:
+        """Stream ``endpoint`` (CHAT or COMPLETIONS; ``body`` without ``stream``); stops quietly
+        when ``cancel`` is set and raises ``RemoteError`` (with the text so far) on any failure."""
+        request = self.http.build_request("POST", endpoint, json={**body, "stream": True})
         pieces: queue.Queue = queue.Queue()
         stop = threading.Event()
         reader = threading.Thread(target=self._read_stream, args=(request, pieces, stop), daemon=True,
@@ -317,8 +346,9 @@ def _piece(item: object, partial: str) -> Piece:
         raise RemoteError("server", f"the server failed mid-answer: {message}", partial=partial)
     choices = item.get("choices") or []
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-    delta = choice.get("delta") or {}
+    delta = choice.get("delta") or {}  # a chat chunk; a completion chunk has its text beside it
     text = (delta.get("content") or "") if isinstance(delta, dict) else ""
+    text = text or str(choice.get("text") or "")
     return Piece(text=text, finish_reason=choice.get("finish_reason"), usage=item.get("usage") or None,
                  timings=item.get("timings") or None)
 

@@ -191,6 +191,9 @@ class LlamaServerFlags:
     spec_types: tuple[str, ...] = ()  # the values its --spec-type takes
 
 
+LLAMA_NEWER = LlamaServerFlags(draft_model="--spec-draft-model", draft_max="--spec-draft-n-max",
+                               draft_min="--spec-draft-n-min", spec_type="--spec-type")  # every --spec-type value taken
+
 _SPELLINGS = {
     "draft_model": ("--spec-draft-model", "--model-draft"),
     "draft_max": ("--spec-draft-n-max", "--draft-max", "--draft"),
@@ -212,7 +215,7 @@ def llama_server_flags(help_text: str) -> LlamaServerFlags:
                             spec_type="--spec-type" if "--spec-type" in flags else None, spec_types=types)
 
 
-_LLAMA_TYPES = {"draft": "draft-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp", "pld": "ngram-simple"}
+LLAMA_TYPES = {"draft": "draft-simple", "eagle3": "draft-eagle3", "mtp": "draft-mtp", "pld": "ngram-simple"}
 
 
 def llama_server_plan(model: str, *, flags: LlamaServerFlags, method: str = "ar", draft: str | None = None,
@@ -223,9 +226,9 @@ def llama_server_plan(model: str, *, flags: LlamaServerFlags, method: str = "ar"
     if gpu_layers is not None:
         argv += ["-ngl", str(gpu_layers)]
     if method != "ar":
-        kind = _LLAMA_TYPES.get(method)
+        kind = LLAMA_TYPES.get(method)
         if kind is None:
-            raise LaunchError(f"llama-server has no counterpart of {method!r}; it runs {', '.join(_LLAMA_TYPES)}")
+            raise LaunchError(f"llama-server has no counterpart of {method!r}; it runs {', '.join(LLAMA_TYPES)}")
         if kind != "draft-simple" and (flags.spec_type is None or (flags.spec_types and kind not in flags.spec_types)):
             raise LaunchError(f"this llama-server cannot run {method} (its --spec-type lacks {kind}); a newer build can")
         if method in ("draft", "eagle3") and not draft:

@@ -25,13 +25,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from backends.core.types import Event, Finished, GenerationSettings, Prefilled, RunStats, Step
-from backends.models.chat import Message
-from backends.remote.client import Piece, RemoteClient, RemoteError, ServerConfig
+from backends.models.chat import ChatFormat, Message
+from backends.remote.client import CHAT, COMPLETIONS, Piece, RemoteClient, RemoteError, ServerConfig
 from backends.remote.gpu import find_gpu_metrics
 from backends.remote.metrics import SpecCounters, SpecDelta, parse_timings
 
 REMOTE_TOKEN = -1  # a token the server generated; its id is not sent over the API
 METHOD = "server"  # the method name a remote answer's stats carry
+PLAIN = ChatFormat(template=None)  # how a conversation is written for the completions endpoint
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class RemoteSession:
     def __init__(self, config: ServerConfig, *, client: RemoteClient | None = None) -> None:
         self.config = config
         self.client = client or RemoteClient(config)
+        self.chat = config.api != "completions"  # whether answers come from the chat endpoint
         try:
             self.info = self._connect()
         except BaseException:
@@ -80,7 +82,7 @@ class RemoteSession:
             raise
 
     def _connect(self) -> ServerInfo:
-        models = self.client.models()
+        models = self.client.ready_models()
         if not models:
             raise RemoteError("bad_request", f"{self.config.base} serves no model")
         model = self.config.model or models[0]
@@ -102,12 +104,16 @@ class RemoteSession:
     def _counters(self) -> SpecCounters | None:
         return self.client.counters(self.info.model) if self.info.counters else None
 
-    def request_body(self, messages: Sequence[Message], generation: GenerationSettings) -> dict:
-        """The chat-completion request; per-chunk token counts asked for in both servers'
-        spellings (each ignores the other's)."""
+    def request_body(self, messages: Sequence[Message], generation: GenerationSettings, *, chat: bool = True) -> dict:
+        """The (chat-)completion request; per-chunk token counts asked for in both servers'
+        spellings (each ignores the other's). Without ``chat`` the conversation is sent as a plain
+        transcript ("User: ...\nAssistant:"), the way SpecDeck prompts a local model without a
+        template, and stops where the model would start the user's next turn."""
         s = generation.sampling
+        stop = list(generation.stop) + ([] if chat else list(PLAIN.stop))
+        asked = {"messages": list(messages)} if chat else {"prompt": PLAIN.render(messages)}
         body: dict = {
-            "model": self.info.model, "messages": list(messages), "max_tokens": generation.max_new_tokens,
+            "model": self.info.model, **asked, "max_tokens": generation.max_new_tokens,
             "temperature": s.temperature, "top_p": s.top_p,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "timings_per_token": True,
         }
@@ -117,8 +123,8 @@ class RemoteSession:
             body["seed"] = s.seed
         if s.penalized:
             body["repeat_penalty"] = s.repeat_penalty
-        if generation.stop:
-            body["stop"] = list(generation.stop)
+        if stop:
+            body["stop"] = stop
         return body
 
     def generate(self, messages: Sequence[Message], generation: GenerationSettings, *,
@@ -126,7 +132,7 @@ class RemoteSession:
         """Stream one answer as engine events; a failure raises ``RemoteError`` with the text
         received so far in ``partial``."""
         run = _RemoteRun(self._counters())
-        for piece in self.client.stream_chat(self.request_body(messages, generation), cancel=cancel):
+        for piece in self._stream(messages, generation, cancel):
             if run.first is None and (piece.text or piece.finish_reason):
                 yield run.prefilled()
             if piece.text:
@@ -134,6 +140,22 @@ class RemoteSession:
             run.finish_with(piece)
         reason = "cancelled" if cancel is not None and cancel.is_set() and run.reason is None else run.reason or "eos"
         yield run.finished(reason, self._counters() if reason != "cancelled" else None)
+
+    def _stream(self, messages: Sequence[Message], generation: GenerationSettings,
+                cancel: threading.Event | None) -> Iterator[Piece]:
+        """The answer's chunks, from the chat endpoint or the plain one. With ``api="auto"`` a
+        model the server has no chat template for (vLLM refuses such a chat request with a 400
+        that says so) is asked through ``/v1/completions`` from then on; nothing had streamed."""
+        if self.chat:
+            try:
+                yield from self.client.stream(CHAT, self.request_body(messages, generation), cancel=cancel)
+                return
+            except RemoteError as exc:
+                if not (self.config.api == "auto" and exc.kind == "bad_request" and not exc.partial
+                        and "template" in str(exc).lower()):
+                    raise
+                self.chat = False
+        yield from self.client.stream(COMPLETIONS, self.request_body(messages, generation, chat=False), cancel=cancel)
 
     def _poll(self, run: _RemoteRun) -> SpecDelta | None:
         """The counters' change since the last reading, when ``poll_s`` has passed."""
