@@ -241,8 +241,6 @@ class Session:
         user's trained heads or the shipped ones); looked up each time (a few directory listings),
         so a head trained while the model is loaded counts at once."""
         given = {HeadFile.kind_of(p) for p in self.config.heads}
-        if not self._path.is_file():  # a Hugging Face folder: heads are made and found for GGUFs only, so far
-            return tuple(k for k in HEAD_KINDS if k in given)
         return tuple(k for k in HEAD_KINDS if k in given or find_heads(self._path, k, fingerprint=self.fingerprint))
 
     def forget_heads(self) -> None:
@@ -251,12 +249,12 @@ class Session:
 
     @cached_property
     def fingerprint(self) -> ModelFingerprint:
-        """What trained heads are checked against (from the GGUF header)."""
+        """What trained heads are checked against (from the GGUF header or the folder's config)."""
         return ModelFingerprint.of(self._path)
 
     @cached_property
     def embeddings(self) -> TokenEmbeddings:
-        """The target's token embeddings, rows read from its GGUF when a head first needs them."""
+        """The target's token embeddings, rows read from its file(s) when a head first needs them."""
         return TokenEmbeddings(self._path)
 
     def head(self, kind: str, path: str = "") -> HeadFile:

@@ -31,6 +31,7 @@ from backends.models.chat import Message
 from backends.models.gguf_info import read_gguf_info
 from backends.remote.client import ServerConfig
 from backends.remote.session import RemoteSession
+from backends.remote.session import connect as connect_remote
 
 
 # -- requests (GUI -> worker) --------------------------------------------------------------------
@@ -458,8 +459,10 @@ class Worker(QObject):
             if request.cancel.is_set():
                 break
             try:
-                with RemoteSession(config) as other:
-                    runs[config.name] = self._remote_run(other, request)
+                other = connect_remote(config, request.cancel)  # None: stopped while connecting
+                if other is not None:
+                    with other:
+                        runs[config.name] = self._remote_run(other, request)
             except (SpecDeckError, ValueError, OSError) as exc:
                 failed[config.name] = str(exc)
             except Exception as exc:  # noqa: BLE001 - one server's fault must not cost the others' results

@@ -5,7 +5,9 @@ metric names and both generations of its launch flags, and llama-server's two fl
 from __future__ import annotations
 
 import io
+import socket
 import threading
+import time
 
 import pytest
 
@@ -378,6 +380,24 @@ def test_keys_are_kept_per_address_in_an_owner_only_file(tmp_path, monkeypatch):
     assert stat.S_IMODE(key_file().stat().st_mode) == 0o600 and "readable by you only" in where
     save_key("http://gpu-box:8000", None)
     assert load_key("http://gpu-box:8000") is None
+
+
+def test_connecting_is_given_up_at_once_when_stopped():
+    """A server that takes connections and never answers holds a connection attempt for its
+    timeouts; Stop ends the wait at once (the window's comparison connects to servers this way)."""
+    from backends.remote.session import connect
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel completes the handshake; nothing ever reads or answers
+    try:
+        cancel = threading.Event()
+        threading.Timer(0.3, cancel.set).start()
+        started = time.monotonic()
+        assert connect(ServerConfig(f"http://127.0.0.1:{silent.getsockname()[1]}", retries=0), cancel) is None
+        assert time.monotonic() - started < 3.0  # not the 5 s health wait, nor the 120 s silence allowed
+    finally:
+        silent.close()
 
 
 def test_unusable_addresses_are_refused_before_connecting():

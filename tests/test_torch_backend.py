@@ -145,6 +145,41 @@ def test_a_hugging_face_folder_loads_and_bad_folders_are_refused(smollm_f16_path
             load_weights(bad)
 
 
+def test_heads_for_a_hugging_face_folder_are_found_trained_and_decode_like_plain_greedy(smollm_f16_path, tmp_path,
+                                                                                         monkeypatch):
+    """A folder's fingerprint is the GGUF's (same family, sizes and token texts), so the heads shipped
+    for SmolLM2 serve a SmolLM2 folder; ``specdeck train`` records a folder's answers on the PyTorch
+    backend and reads its embeddings and output rows from the safetensors shards; both heads decode
+    as plain greedy does (or part at a measured near-tie)."""
+    from transformers import AutoTokenizer
+
+    from backends.heads.files import HeadFile, ModelFingerprint
+    from backends.models.weights import TokenEmbeddings, tensor_rows
+    from backends.train import TrainRequest, train
+
+    monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
+    folder = write_hf_folder(reference(smollm_f16_path.parent, smollm_f16_path.name), tmp_path / "smollm2")
+    AutoTokenizer.from_pretrained(str(smollm_f16_path.parent), gguf_file=smollm_f16_path.name).save_pretrained(str(folder))
+    mine, gguf = ModelFingerprint.of(folder), ModelFingerprint.of(smollm_f16_path)
+    assert not mine.differences(gguf) and mine.file_type != gguf.file_type and mine.name == "smollm2"
+    rows = np.array([0, 17, 4000, 49151])
+    assert np.array_equal(TokenEmbeddings(folder)(rows), TokenEmbeddings(smollm_f16_path)(rows))
+    assert np.array_equal(tensor_rows(folder, rows), tensor_rows(smollm_f16_path, rows))  # tied: the embeddings
+
+    made = train(TrainRequest("medusa", str(folder), prompts=1, steps=2, minutes=2, max_new_tokens=12, follow_ups=0,
+                              out=tmp_path / "heads" / "smollm2.medusa"))
+    head = HeadFile.load(made)
+    assert head.target.name == "smollm2" and head.training["data"] == "spec-bench" and head.kind == "medusa"
+    with Session(SessionConfig(model=str(folder), backend="torch", dtype="float32", n_ctx=1024)) as session:
+        assert {"eagle", "medusa", "mtp", "eagle3"} <= set(session.head_kinds)  # the shipped SmolLM2 heads
+        prompts = [session.model.chat_prompt([{"role": "user", "content": t}]) for t in PROMPTS[:2]]
+        for method, settings in (("eagle2", {"adaptive": False, "max_nodes": 8}),
+                                 ("medusa", {"adaptive": False, "width": 2, "max_nodes": 4, "head": str(made)})):
+            for prompt in prompts:
+                ref = answer(session, "ar", prompt)
+                same_or_near_tie(session, method, prompt, answer(session, method, prompt, settings), ref)
+
+
 def test_a_tree_verify_equals_its_paths_verified_as_chains_and_commit_keeps_the_path(smollm_f16_path):
     vocab, target = torch_target(smollm_f16_path)
     prompt = vocab.chat_prompt([{"role": "user", "content": PROMPTS[0]}])

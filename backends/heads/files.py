@@ -44,11 +44,28 @@ class ModelFingerprint:
 
     @classmethod
     def of(cls, model: str | os.PathLike) -> ModelFingerprint:
-        """The fingerprint of a GGUF file, from its (cached) header."""
+        """The fingerprint of a GGUF file, from its (cached) header, or of a Hugging Face folder."""
+        if Path(model).is_dir():
+            return cls._of_folder(Path(model))
         info = read_gguf_info(model)
         digest = hashlib.sha256("\n".join(info.vocab.tokens).encode("utf-8", "surrogatepass")).hexdigest()[:16]
         return cls(info.name or Path(model).stem, info.architecture, info.file_type, info.n_layer, info.n_embd,
                    info.vocab.n_vocab, digest)
+
+    @classmethod
+    def _of_folder(cls, folder: Path) -> ModelFingerprint:
+        """A Hugging Face folder's fingerprint, in the GGUF's terms: the family's name as a GGUF
+        architecture, the token texts in id order (a GGUF converted from the same weights has the
+        same list, so heads made for one serve the other; only the weight type differs)."""
+        from backends.models.hf_folder import HFModelFolder
+        from backends.pytorch.shape import shape_from_hf
+
+        text = HFModelFolder(folder)
+        shape = shape_from_hf(text.config)
+        tokens = text.vocab_info.tokens
+        digest = hashlib.sha256("\n".join(tokens).encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        dtype = str(text.config.get("torch_dtype") or text.config.get("dtype") or "unknown")
+        return cls(folder.name, shape.family, dtype, shape.n_layer, shape.d, len(tokens), digest)
 
     def describe(self) -> str:
         return f"{self.name} ({self.file_type}, {self.architecture}, {self.n_layer} layers, {self.n_embd} wide)"

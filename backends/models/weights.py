@@ -1,13 +1,16 @@
-"""Rows of a GGUF model's own weight tensors, read with the gguf library (no llama.cpp needed).
+"""Rows of a model's own weight tensors: from a GGUF with the gguf library (no llama.cpp needed),
+or from a Hugging Face folder's safetensors.
 
 Trained heads reuse the target's token embeddings and output layer instead of copying them into
-their own files (SmolLM2-135M's table is 49k x 576: 113 MB as float32). A GGUF tensor is
-memory-mapped and a quantized row is a run of whole blocks, so rows are picked first and only
-those are dequantized.
+their own files (SmolLM2-135M's table is 49k x 576: 113 MB as float32). Only the rows asked for
+are read: a GGUF tensor is memory-mapped and a quantized row is a run of whole blocks, so rows
+are picked first and only those are dequantized; a safetensors tensor is read row by row through
+its slices (bfloat16 needs torch to read, which the PyTorch backend that runs folders has).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -17,9 +20,24 @@ from backends.core.errors import ModelFileError
 
 EMBEDDINGS = ("token_embd.weight",)
 OUTPUT = ("output.weight", "token_embd.weight")  # tied embeddings serve as the output layer
+HF_NAMES = {  # GGUF name -> where a Hugging Face checkpoint keeps it (a multimodal gemma3's text part too)
+    "token_embd.weight": ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
+                          "language_model.model.embed_tokens.weight"),
+    "output.weight": ("lm_head.weight", "language_model.lm_head.weight"),
+}
 
 
-def _tensor(model_path: str | Path, names: Sequence[str]):
+class _Rows:
+    """One weight matrix whose rows can be read by index: ``n_rows`` and ``read(rows)`` [n, d] float32."""
+
+    def __init__(self, n_rows: int, read) -> None:
+        self.n_rows = n_rows
+        self.read = read
+
+
+def _tensor(model_path: str | Path, names: Sequence[str]) -> _Rows:
+    if Path(model_path).is_dir():
+        return _folder_tensor(Path(model_path), names)
     import gguf
 
     try:
@@ -29,19 +47,43 @@ def _tensor(model_path: str | Path, names: Sequence[str]):
     by_name = {t.name: t for t in reader.tensors}
     for name in names:
         if name in by_name:
-            return by_name[name]
+            tensor = by_name[name]
+            return _Rows(int(tensor.data.shape[0]), lambda rows: np.asarray(
+                gguf.quants.dequantize(tensor.data[list(rows)], tensor.tensor_type), dtype=np.float32))
     raise ModelFileError(f"{Path(model_path).name} has none of {', '.join(names)}")
 
 
-def _dequantize(tensor, rows: Sequence[int]) -> np.ndarray:
-    import gguf
+def _folder_tensor(folder: Path, names: Sequence[str]) -> _Rows:
+    """The first of ``names`` (GGUF names, looked up by their Hugging Face names) in the folder's
+    safetensors files (one, or shards listed by ``model.safetensors.index.json``)."""
+    from safetensors import safe_open
 
-    return np.asarray(gguf.quants.dequantize(tensor.data[list(rows)], tensor.tensor_type), dtype=np.float32)
+    index = folder / "model.safetensors.index.json"
+    try:
+        where = json.loads(index.read_text())["weight_map"] if index.is_file() else {}
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelFileError(f"{folder.name}/{index.name} cannot be read ({exc})") from None
+    files = sorted(folder.glob("*.safetensors"))
+    for hf_name in (n for name in names for n in HF_NAMES.get(name, (name,))):
+        for file in [folder / where[hf_name]] if hf_name in where else files:
+            handle = safe_open(str(file), framework="pt")
+            if hf_name in handle.keys():
+                matrix = handle.get_slice(hf_name)
+                n_rows, d = matrix.get_shape()
+
+                def read(rows: Sequence[int]) -> np.ndarray:
+                    out = np.zeros((len(rows), d), dtype=np.float32)
+                    for k, row in enumerate(rows):
+                        out[k] = matrix[row : row + 1].float().numpy()[0]
+                    return out
+
+                return _Rows(int(n_rows), read)
+    raise ModelFileError(f"{folder.name} has none of {', '.join(n for name in names for n in HF_NAMES.get(name, (name,)))}")
 
 
 def tensor_rows(model_path: str | Path, rows: np.ndarray, names: Sequence[str] = OUTPUT) -> np.ndarray:
-    """Rows ``rows`` of the first tensor of ``names`` the file has, [len(rows), d] float32."""
-    return _dequantize(_tensor(model_path, names), np.asarray(rows).tolist())
+    """Rows ``rows`` of the first tensor of ``names`` the model has, [len(rows), d] float32."""
+    return _tensor(model_path, names).read(np.asarray(rows).tolist())
 
 
 class TokenEmbeddings:
@@ -50,7 +92,7 @@ class TokenEmbeddings:
 
     def __init__(self, model_path: str | Path) -> None:
         self._tensor = _tensor(model_path, EMBEDDINGS)
-        self.n_vocab = int(self._tensor.data.shape[0])
+        self.n_vocab = self._tensor.n_rows
         self._rows: dict[int, np.ndarray] = {}
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
@@ -58,6 +100,6 @@ class TokenEmbeddings:
         if missing:
             if missing[0] < 0 or missing[-1] >= self.n_vocab:
                 raise ModelFileError(f"token id {missing[-1]} is outside the model's {self.n_vocab} embeddings")
-            for t, row in zip(missing, _dequantize(self._tensor, missing)):
+            for t, row in zip(missing, self._tensor.read(missing)):
                 self._rows[t] = row
         return np.stack([self._rows[int(t)] for t in tokens])

@@ -165,6 +165,39 @@ class RemoteSession:
         return run.advance(self._counters())
 
 
+def connect(config: ServerConfig, cancel: threading.Event) -> RemoteSession | None:
+    """``RemoteSession(config)``, given up as soon as ``cancel`` is set (None then): a host that
+    drops packets holds a connection attempt for the whole connect timeout, once per retry, and a
+    Stop must not wait for that. A session made after it was given up is closed at once."""
+    lock = threading.Lock()
+    state: dict = {"abandoned": False, "result": None}
+
+    def attempt() -> None:
+        try:
+            result: RemoteSession | BaseException = RemoteSession(config)
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            result = exc
+        with lock:
+            if state["abandoned"]:
+                if isinstance(result, RemoteSession):
+                    result.close()
+                return
+            state["result"] = result
+
+    thread = threading.Thread(target=attempt, daemon=True, name="specdeck-remote-connect")
+    thread.start()
+    while thread.is_alive() and not cancel.is_set():
+        thread.join(0.05)
+    with lock:
+        result = state["result"]
+        if result is None:
+            state["abandoned"] = True
+            return None
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
 class _RemoteRun:
     """One answer's tally, in the engine's terms."""
 
