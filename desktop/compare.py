@@ -203,7 +203,7 @@ class ComparePanel(QWidget):
         self.methods_box.setVisible(not name)
         self.servers_box.setVisible(bool(name))
         self.server_label.setText(f"Servers: <b>{name}</b> (connected, the baseline)" if name else "")
-        header = COLUMNS[:-1] + (("same text as 1st",) if name else COLUMNS[-1:])
+        header = (("server",) + COLUMNS[1:-1] + ("same text as 1st",)) if name else COLUMNS
         self.table.setHorizontalHeaderLabels(header)
         self.chart.setLabel("left", "server" if name else "method")
         self._fit_table()
@@ -264,7 +264,7 @@ class ComparePanel(QWidget):
         if not text or self.running:
             return
         methods = () if self.server else self.methods()
-        self._start(methods)
+        self._start((self.server, *(c.name for c in self.chosen_servers())) if self.server else methods)  # the panes
         self.run_requested.emit(text, methods)
 
     def _start(self, methods: tuple[str, ...]) -> None:

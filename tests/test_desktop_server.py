@@ -206,6 +206,8 @@ def test_compare_runs_the_prompt_on_several_servers(qtbot, window, server):
         same = compare.texts[second] == compare.texts[first]  # a Q4_1 near-tie may part them: the verdict must say which
         assert rows[second][7] == ("yes" if same else "NO") and compare.table.horizontalHeaderItem(7).text() == "same text as 1st"
         assert rows[dead.name][7].startswith("failed: cannot reach") and compare.texts[first].strip()
+        assert "could not run" in compare.panes[dead.name].toPlainText()  # every server has its pane
+        assert compare.table.horizontalHeaderItem(0).text() == "server"
         kept = [(config.url, ticked) for config, ticked in saved_servers(window.settings)]
         assert kept == [(proxy.url, True), (dead.url, True)]
         assert [c.api_key for c, _ in saved_servers(window.settings)][0] == API_KEY  # remembered by the dialog
