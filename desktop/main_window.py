@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QCoreApplication, QEvent, QMetaObject, QSettings, QSize, Qt, QThread, QTimer, Signal
@@ -572,7 +573,7 @@ class MainWindow(QMainWindow):
             self.compare.on_failure("Load a model first." if self.model is None else "Fix the sampling settings first.")
             return
         settings = {m: self.methods.form_of[m].changed_values() for m in methods}
-        servers = self.compare.chosen_servers() if self.model.server else ()
+        servers = tuple(with_saved_key(c) for c in self.compare.chosen_servers()) if self.model.server else ()
         self._compare = CompareRequest(next(self._ids), prompt, methods, generation, settings, servers)
         self.compare_request.emit(self._compare)
 
@@ -677,7 +678,9 @@ def compute_advice(ready: ModelReady, hw: HardwareReport) -> MethodAdvice:
 
 def saved_servers(settings: QSettings) -> list[tuple[ServerConfig, bool]]:
     """The comparison panel's servers kept by ``_keep_compare_servers`` (a damaged entry is skipped:
-    a settings file edited by hand must not stop the window from opening)."""
+    a settings file edited by hand must not stop the window from opening). Their keys are looked up
+    when a comparison runs (``with_saved_key``), not at start: a locked keyring would ask for its
+    password before the window even showed."""
     try:
         entries = json.loads(str(settings.value("server/compare", "[]")))
     except ValueError:
@@ -686,9 +689,14 @@ def saved_servers(settings: QSettings) -> list[tuple[ServerConfig, bool]]:
     for entry in entries if isinstance(entries, list) else ():
         try:
             url = entry["url"]
-            out.append((ServerConfig(url, api_key=load_key(url), model=entry.get("model") or None,
+            out.append((ServerConfig(url, model=entry.get("model") or None,
                                      verify=entry.get("ca") or True, api=entry.get("api") or ServerConfig.api),
                         bool(entry.get("ticked", True))))
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
     return out
+
+
+def with_saved_key(config: ServerConfig) -> ServerConfig:
+    """``config`` with the key kept for its address, unless it carries one."""
+    return config if config.api_key else replace(config, api_key=load_key(config.url))

@@ -67,7 +67,7 @@ class ServerConfig:
     retries: int = 3
     backoff: float = 0.5  # seconds before the first retry; doubles each time
     max_wait: float = 30.0  # the longest Retry-After honoured
-    api: str = "auto"  # "chat", "completions" (a plain transcript as the prompt), or "auto": chat unless the model has no template
+    api: str = "auto"  # "chat", "completions" (a plain transcript), or "auto": chat unless the model has no template
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
