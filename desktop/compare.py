@@ -419,7 +419,17 @@ def export(done: CompareDone, path: Path, kind: str) -> None:
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["method"])
         writer.writeheader()
-        writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+        writer.writerows({k: _csv_cell(v) for k, v in row.items()} for row in rows)
+
+
+def _csv_cell(value):
+    """A cell a spreadsheet reads: empty for an unknown figure, a list (acceptance by depth) as its
+    numbers separated by spaces rather than Python's tuple text."""
+    if value is None:
+        return ""
+    if isinstance(value, (tuple, list)):
+        return " ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in value)
+    return value
 
 
 def _known(value):

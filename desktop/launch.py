@@ -17,10 +17,12 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout
                                QSpinBox, QVBoxLayout, QWidget)
 
 from backends.core.errors import SpecDeckError
+from backends.drafters import baseline_method
 from backends.remote import launch
 
 ENGINES = {"vllm": "vLLM", "llama-server": "llama-server (llama.cpp)"}
-METHODS = {"vllm": ("ar", *launch.VLLM_METHODS), "llama-server": ("ar", *launch.LLAMA_TYPES)}
+METHODS = {"vllm": (baseline_method(), *launch.VLLM_METHODS),  # plain decoding first, then what each drafts with
+           "llama-server": (baseline_method(), *launch.LLAMA_TYPES)}
 
 
 def llama_server_spelling(choice: str) -> launch.LlamaServerFlags:

@@ -125,6 +125,7 @@ def test_export_waits_for_a_run_and_never_writes_nan(qtbot, window, tmp_path, mo
     assert [r["method"] for r in rows] == ["ar", "pld"]
     assert all(cell.lower() != "nan" for row in rows for cell in row.values())
     assert rows[0]["acceptance_rate"] == ""  # plain decoding drafts nothing: no rate, not "nan"
+    assert all("(" not in row["acceptance_by_depth"] for row in rows)  # numbers, not a Python tuple's text
     SaveTo.path = str(tmp_path / "run.json")
     compare.export_json.click()
     data = json.loads(Path(SaveTo.path).read_text(), parse_constant=lambda name: pytest.fail(f"JSON holds {name}"))
