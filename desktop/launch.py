@@ -19,21 +19,23 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout
 from backends.core.errors import SpecDeckError
 from backends.drafters import baseline_method
 from backends.remote import launch
+from desktop.jobs import run_job
 
 ENGINES = {"vllm": "vLLM", "llama-server": "llama-server (llama.cpp)"}
 METHODS = {"vllm": (baseline_method(), *launch.VLLM_METHODS),  # plain decoding first, then what each drafts with
            "llama-server": (baseline_method(), *launch.LLAMA_TYPES)}
 
 
-def llama_server_spelling(choice: str) -> launch.LlamaServerFlags:
-    """The flags of the llama-server on this PC (its ``--help``), or of the generation chosen."""
-    if choice == "here":
-        binary = shutil.which("llama-server")
-        if binary is None:
-            raise SpecDeckError("no llama-server on this PC's PATH; choose its flag generation instead")
+def local_llama_server_flags() -> launch.LlamaServerFlags:
+    """The flags of the llama-server on this PC, from its ``--help`` (run off the GUI thread)."""
+    binary = shutil.which("llama-server")
+    if binary is None:
+        raise SpecDeckError("no llama-server on this PC's PATH; choose its flag generation instead")
+    try:
         help_text = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30).stdout
-        return launch.llama_server_flags(help_text)
-    return launch.LLAMA_NEWER if choice == "newer" else launch.LlamaServerFlags()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SpecDeckError(f"{binary} --help failed ({exc}); choose its flag generation instead") from None
+    return launch.llama_server_flags(help_text)
 
 
 class LaunchDialog(QDialog):
@@ -92,8 +94,31 @@ class LaunchDialog(QDialog):
             box.currentIndexChanged.connect(self.refresh)
         for spin in (self.tokens, self.gpus, self.port):
             spin.valueChanged.connect(self.refresh)
+        self.local_flags: launch.LlamaServerFlags | str | None = None  # this PC's llama-server's, or why not
+        self.spelling.currentIndexChanged.connect(self._read_local_flags)
         self.resize(640, 0)
         self._engine_changed()
+
+    def _read_local_flags(self) -> None:
+        """Read this PC's llama-server's flags once, off the GUI thread, when that choice is made."""
+        if self.spelling.currentData() != "here" or self.local_flags is not None:
+            return
+        self.local_flags = "reading llama-server --help ..."
+        self.refresh()
+
+        def done(value: object) -> None:
+            self.local_flags = value  # type: ignore[assignment]
+            self.refresh()
+
+        run_job(self, local_llama_server_flags, done, done)
+
+    def _llama_flags(self) -> launch.LlamaServerFlags:
+        choice = self.spelling.currentData()
+        if choice != "here":
+            return launch.LLAMA_NEWER if choice == "newer" else launch.LlamaServerFlags()
+        if not isinstance(self.local_flags, launch.LlamaServerFlags):
+            raise SpecDeckError(self.local_flags or "reading llama-server --help ...")
+        return self.local_flags
 
     def _engine_changed(self) -> None:
         engine = self.engine.currentData()
@@ -121,13 +146,13 @@ class LaunchDialog(QDialog):
                                      port=self.port.value(), parallel=launch.Parallel(tensor=self.gpus.value()))
             version = self.version.text().strip() or None
             return launch.vllm_plan(spec, generation=launch.vllm_generation(version=version))
-        return launch.llama_server_plan(model, flags=llama_server_spelling(self.spelling.currentData()), method=method,
+        return launch.llama_server_plan(model, flags=self._llama_flags(), method=method,
                                         draft=draft, num_tokens=self.tokens.value(), host="0.0.0.0", port=self.port.value())
 
     def refresh(self) -> None:
         try:
             text, ok = self.plan().shell(), True
-        except (SpecDeckError, OSError, subprocess.SubprocessError) as exc:
+        except SpecDeckError as exc:
             text, ok = f"# {exc}", False
         self.command.setPlainText(text)
         self.copy_button.setEnabled(ok)

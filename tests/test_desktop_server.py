@@ -223,7 +223,7 @@ def test_compare_runs_the_prompt_on_several_servers(qtbot, window, server):
         proxy.close()
 
 
-def test_the_launch_command_follows_the_method_chosen_and_the_engines_version(qtbot):
+def test_the_launch_command_follows_the_method_chosen_and_the_engines_version(qtbot, tmp_path, monkeypatch):
     """The dialog writes what ``specdeck launch`` writes, for the engine generation chosen, and says
     why when that engine or version cannot run the method."""
     from PySide6.QtGui import QGuiApplication
@@ -261,3 +261,16 @@ def test_the_launch_command_follows_the_method_chosen_and_the_engines_version(qt
     assert "cannot run eagle3" in dialog.command.toPlainText()
     dialog.method.setCurrentText("draft")
     assert "--model-draft eagle3.gguf --draft-max 5" in dialog.command.toPlainText()
+    # this PC's llama-server (a stand-in on PATH printing the newer help), read once, off the GUI thread
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "llama-server"
+    fake.write_text("#!/bin/sh\necho '--spec-draft-model FNAME  draft model'\necho '--spec-draft-n-max N'\n"
+                    "echo '--spec-type {none,draft-simple,draft-eagle3,ngram-simple}  kind'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    dialog.spelling.setCurrentIndex(dialog.spelling.findData("here"))
+    qtbot.waitUntil(lambda: "--spec-draft-model eagle3.gguf --spec-type draft-simple" in dialog.command.toPlainText(),
+                    timeout=10_000)
+    dialog.method.setCurrentText("mtp")  # that build's --spec-type has no draft-mtp
+    assert "cannot run mtp" in dialog.command.toPlainText()
