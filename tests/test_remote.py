@@ -244,7 +244,7 @@ def test_cancel_mid_stream_stops_the_answer_and_the_server_keeps_serving(servers
 
 def test_bench_and_terminal_chat_against_real_servers(servers, monkeypatch, capsys):
     rows = parse_servers([servers["plain"].url, "pld=" + servers["pld"].url], api_key=API_KEY)
-    assert rows[1].name == "pld" and rows[0].name == servers["plain"].url.rsplit(":", 1)[1]
+    assert rows[1].name == "pld" and rows[0].name == servers["plain"].url.removeprefix("http://")  # host:port
     out = io.StringIO()
     result = run_server_bench(rows, per_category=1, categories=("qa", "summarization"), max_new_tokens=24,
                               out=out, progress=io.StringIO())

@@ -33,14 +33,15 @@ class ServerRow:
 
 
 def parse_servers(values: Sequence[str], *, api_key: str | None = None) -> list[ServerRow]:
-    """``["http://a:8000", "pld=http://b:8001"]`` as named rows (a bare URL is named by its port)."""
+    """``["http://a:8000", "pld=http://b:8001"]`` as named rows (a bare URL is named ``host:port``,
+    as the window's comparison names it)."""
     rows = []
     for value in values:
         name, sep, url = value.partition("=")
         if not sep or name.startswith("http"):
             name, url = "", value
-        name = name or url.rstrip("/").rsplit(":", 1)[-1].split("/")[0] or url
-        rows.append(ServerRow(name, ServerConfig(url, api_key=api_key)))
+        config = ServerConfig(url, api_key=api_key)
+        rows.append(ServerRow(name or config.name, config))
     if len({r.name for r in rows}) != len(rows):
         raise ValueError("two servers have the same name; name them as NAME=URL")
     return rows
