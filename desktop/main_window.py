@@ -381,11 +381,11 @@ class MainWindow(QMainWindow):
         self.tabs.setTabText(self.tabs.indexOf(self.compare), "Compare servers" if name else "Compare methods")
 
     def _keep_compare_servers(self, servers: tuple) -> None:
-        """The comparison's servers for the next start: addresses, models and CA files (keys stay
-        in the keyring or the owner-only file, where the dialog put them)."""
+        """The comparison's servers for the next start: addresses, models, CA files, endpoint and
+        patience (keys stay in the keyring or the owner-only file, where the dialog put them)."""
         self.settings.setValue("server/compare", json.dumps([
             {"url": c.url, "model": c.model, "ca": c.verify if isinstance(c.verify, str) else "", "api": c.api,
-             "ticked": ticked}
+             "stall_s": c.stall_timeout, "retries": c.retries, "ticked": ticked}
             for c, ticked in servers]))
 
     def _chart_gpus(self, server_metrics: str) -> None:
@@ -690,7 +690,9 @@ def saved_servers(settings: QSettings) -> list[tuple[ServerConfig, bool]]:
         try:
             url = entry["url"]
             out.append((ServerConfig(url, model=entry.get("model") or None,
-                                     verify=entry.get("ca") or True, api=entry.get("api") or ServerConfig.api),
+                                     verify=entry.get("ca") or True, api=entry.get("api") or ServerConfig.api,
+                                     stall_timeout=float(entry.get("stall_s", ServerConfig.stall_timeout)),
+                                     retries=int(entry.get("retries", ServerConfig.retries))),
                         bool(entry.get("ticked", True))))
         except (KeyError, TypeError, ValueError, AttributeError):
             continue

@@ -210,6 +210,7 @@ def test_compare_runs_the_prompt_on_several_servers(qtbot, window, server):
         assert compare.table.horizontalHeaderItem(0).text() == "server"
         kept = [(config.url, ticked) for config, ticked in saved_servers(window.settings)]
         assert kept == [(proxy.url, True), (dead.url, True)]
+        assert saved_servers(window.settings)[1][0].retries == 0  # each server's patience kept with it
         restored = saved_servers(window.settings)[0][0]
         assert restored.api_key is None and with_saved_key(restored).api_key == API_KEY  # remembered by the dialog
         window.settings.setValue("server/compare", '[{"url": "ftp://x"}, 3, "not a server"]')
