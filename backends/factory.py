@@ -124,6 +124,14 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
+def backend_for(spec: str) -> str:
+    """The backend a model opens on unless the user picks another: llama.cpp for a GGUF (the
+    default), the first backend that runs folders for a Hugging Face folder."""
+    if is_hf_folder(Path(spec).expanduser()):
+        return next(backend.name for backend in BACKENDS.values() if backend.folders)
+    return SessionConfig.backend
+
+
 def backend_named(name: str) -> Backend:
     try:
         return BACKENDS[name]

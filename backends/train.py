@@ -345,37 +345,14 @@ def _medusa(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[
     return trainer, len(examples.states), int(examples.held_out.sum())
 
 
-@dataclass(frozen=True)
-class LayerSizes:
-    """What a head's layer is shaped after: the target's width, heads and feed-forward."""
-
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    n_ff: int
-
-
-def layer_sizes(model_path: Path) -> LayerSizes:
-    """The target's sizes, from its GGUF header or its Hugging Face ``config.json``."""
-    if model_path.is_dir():
-        from backends.models.hf_folder import HFModelFolder
-        from backends.pytorch.shape import shape_from_hf
-
-        shape = shape_from_hf(HFModelFolder(model_path).config)
-        return LayerSizes(shape.n_layer, shape.d, shape.n_head, shape.n_kv, shape.ffn)
-    from backends.models.gguf_info import read_gguf_info
-
-    info = read_gguf_info(model_path)
-    return LayerSizes(info.n_layer, info.n_embd, info.n_head, info.n_head_kv, info.n_ff)
-
-
-def _eagle_shape(info: LayerSizes, draft_vocab: int):
-    """A layer shaped like one of the target's (its width, heads, feed-forward)."""
+def _eagle_shape(info, draft_vocab: int):
+    """A layer shaped like one of the target's (its width, heads, feed-forward); ``info`` is the
+    target's ``ModelShape`` (``load_shape``: a GGUF header or a Hugging Face config.json)."""
     from backends.heads.eagle import EagleShape
 
     n_head = info.n_head if info.n_head and info.n_embd % info.n_head == 0 else max(1, info.n_embd // 64)
-    n_kv = info.n_head_kv if info.n_head_kv and n_head % info.n_head_kv == 0 else n_head
+    n_head_kv = info.head_kv[0] if info.head_kv else 0
+    n_kv = n_head_kv if n_head_kv and n_head % n_head_kv == 0 else n_head
     return EagleShape(d=info.n_embd, n_head=n_head, n_kv_head=n_kv, head_dim=info.n_embd // n_head,
                       d_ff=info.n_ff or 4 * info.n_embd, draft_vocab=draft_vocab)
 
@@ -385,10 +362,11 @@ def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[i
     """The EAGLE trainer: a layer shaped like one of the target's (its width, heads, feed-forward)."""
     from backends.heads.eagle_training import EagleTrainConfig, EagleTrainer, eagle_sequences
     from backends.heads.training import draft_vocabulary
+    from backends.hardware.shape import load_shape
     from backends.models.weights import TokenEmbeddings
 
     config = EagleTrainConfig(seed=seed)
-    info = layer_sizes(model_path)
+    info = load_shape(model_path)
     vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
     shape = _eagle_shape(info, len(vocab))
     data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
@@ -406,10 +384,11 @@ def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[
     from backends.heads.eagle3_training import Eagle3TrainConfig, Eagle3Trainer
     from backends.heads.eagle_training import eagle_sequences
     from backends.heads.training import draft_vocabulary
+    from backends.hardware.shape import load_shape
     from backends.models.weights import TokenEmbeddings
 
     config = Eagle3TrainConfig(seed=seed)
-    info = layer_sizes(model_path)
+    info = load_shape(model_path)
     base = _eagle_shape(info, 1)
     layers = record_layers("eagle3", info.n_layer)[:-1]  # the last recorded state is the final one
     vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
@@ -429,11 +408,12 @@ def _mtp(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int
     from backends.heads.mtp import MTPShape
     from backends.heads.mtp_training import MTPTrainConfig, MTPTrainer
     from backends.heads.training import draft_vocabulary
+    from backends.hardware.shape import load_shape
     from backends.models.weights import TokenEmbeddings
 
     config = MTPTrainConfig(seed=seed)
     vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
-    shape = MTPShape(**_eagle_shape(layer_sizes(model_path), len(vocab)).__dict__)
+    shape = MTPShape(**_eagle_shape(load_shape(model_path), len(vocab)).__dict__)
     data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
                            group=lambda n: n // TURNS)
     trainer = MTPTrainer(data, vocab, tensor_rows(model_path, vocab), shape, fingerprint, config,
@@ -494,13 +474,13 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     "agreement" (may be empty), "eta_s"}`` and ``{"phase": "done", "head", "agreement"}``."""
     if req.kind not in TRAINERS:
         raise SpecDeckError(f"specdeck can train {', '.join(TRAINERS)} heads, not {req.kind!r}")
-    from backends.factory import Session, SessionConfig
+    from backends.factory import Session, SessionConfig, backend_for
     from backends.heads.training import torch_or_error
 
     torch_or_error()  # before an hour of recording, not after
     started = time.time()
     turns = with_follow_ups(conversations(req.data), req.follow_ups)
-    with Session(SessionConfig(model=req.model, n_threads=req.n_threads, backend=training_backend(req.model))) as session:
+    with Session(SessionConfig(model=req.model, n_threads=req.n_threads, backend=backend_for(req.model))) as session:
         path = Path(session.model.path)
         fingerprint = ModelFingerprint.of(path)
         needed = record_layers(req.kind, session.model.n_layer)
@@ -536,14 +516,6 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     saved = head.save(req.out or head_stem(path, req.kind))
     report({"phase": "done", "head": str(saved), "agreement": result.agreement})
     return saved
-
-
-def training_backend(model: str) -> str:
-    """Which backend records a model's answers: llama.cpp for a GGUF (it answers several
-    conversations at once), PyTorch for a Hugging Face folder (the only one that runs it)."""
-    from backends.models.hf_folder import is_hf_folder
-
-    return "torch" if is_hf_folder(Path(model).expanduser()) else "llamacpp"
 
 
 def command_line(req: TrainRequest) -> str:

@@ -10,7 +10,6 @@ its slices (bfloat16 needs torch to read, which the PyTorch backend that runs fo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -20,11 +19,6 @@ from backends.core.errors import ModelFileError
 
 EMBEDDINGS = ("token_embd.weight",)
 OUTPUT = ("output.weight", "token_embd.weight")  # tied embeddings serve as the output layer
-HF_NAMES = {  # GGUF name -> where a Hugging Face checkpoint keeps it (a multimodal gemma3's text part too)
-    "token_embd.weight": ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
-                          "language_model.model.embed_tokens.weight"),
-    "output.weight": ("lm_head.weight", "language_model.lm_head.weight"),
-}
 
 
 class _Rows:
@@ -54,31 +48,34 @@ def _tensor(model_path: str | Path, names: Sequence[str]) -> _Rows:
 
 
 def _folder_tensor(folder: Path, names: Sequence[str]) -> _Rows:
-    """The first of ``names`` (GGUF names, looked up by their Hugging Face names) in the folder's
-    safetensors files (one, or shards listed by ``model.safetensors.index.json``)."""
+    """The first of ``names`` (GGUF names) in the folder's safetensors files, found through the
+    PyTorch backend's canonical names (``hf_name``/``gguf_name``: ``model.embed_tokens.weight``
+    and a multimodal gemma3's ``model.language_model.embed_tokens.weight`` are both "embed")."""
     from safetensors import safe_open
 
-    index = folder / "model.safetensors.index.json"
-    try:
-        where = json.loads(index.read_text())["weight_map"] if index.is_file() else {}
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelFileError(f"{folder.name}/{index.name} cannot be read ({exc})") from None
-    files = sorted(folder.glob("*.safetensors"))
-    for hf_name in (n for name in names for n in HF_NAMES.get(name, (name,))):
-        for file in [folder / where[hf_name]] if hf_name in where else files:
-            handle = safe_open(str(file), framework="pt")
-            if hf_name in handle.keys():
-                matrix = handle.get_slice(hf_name)
-                n_rows, d = matrix.get_shape()
+    from backends.pytorch.weights import gguf_name, hf_name
 
-                def read(rows: Sequence[int]) -> np.ndarray:
-                    out = np.zeros((len(rows), d), dtype=np.float32)
-                    for k, row in enumerate(rows):
-                        out[k] = matrix[row : row + 1].float().numpy()[0]
-                    return out
+    found: dict[str, tuple] = {}  # canonical name -> (file handle, its name there)
+    for file in sorted(folder.glob("*.safetensors")):
+        handle = safe_open(str(file), framework="pt")
+        for key in handle.keys():
+            canonical = hf_name(key, family="")  # the family only tells layer norms apart
+            if canonical is not None:
+                found.setdefault(canonical, (handle, key))
+    for canonical in (gguf_name(name) for name in names):
+        if canonical in found:
+            handle, key = found[canonical]
+            matrix = handle.get_slice(key)
+            n_rows, d = matrix.get_shape()
 
-                return _Rows(int(n_rows), read)
-    raise ModelFileError(f"{folder.name} has none of {', '.join(n for name in names for n in HF_NAMES.get(name, (name,)))}")
+            def read(rows: Sequence[int]) -> np.ndarray:
+                out = np.zeros((len(rows), d), dtype=np.float32)
+                for k, row in enumerate(rows):
+                    out[k] = matrix[row : row + 1].float().numpy()[0]
+                return out
+
+            return _Rows(int(n_rows), read)
+    raise ModelFileError(f"{folder.name} has none of {', '.join(names)} (as a Hugging Face checkpoint names them)")
 
 
 def tensor_rows(model_path: str | Path, rows: np.ndarray, names: Sequence[str] = OUTPUT) -> np.ndarray:

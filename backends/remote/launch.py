@@ -191,14 +191,13 @@ class LlamaServerFlags:
     spec_types: tuple[str, ...] = ()  # the values its --spec-type takes
 
 
-LLAMA_NEWER = LlamaServerFlags(draft_model="--spec-draft-model", draft_max="--spec-draft-n-max",
-                               draft_min="--spec-draft-n-min", spec_type="--spec-type")  # every --spec-type value taken
-
-_SPELLINGS = {
+_SPELLINGS = {  # setting -> its flag, newest spelling first
     "draft_model": ("--spec-draft-model", "--model-draft"),
     "draft_max": ("--spec-draft-n-max", "--draft-max", "--draft"),
     "draft_min": ("--spec-draft-n-min", "--draft-min"),
 }
+LLAMA_NEWER = LlamaServerFlags(**{key: names[0] for key, names in _SPELLINGS.items()},
+                               spec_type="--spec-type")  # a current build; every --spec-type value taken
 
 
 def llama_server_flags(help_text: str) -> LlamaServerFlags:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 from backends.core.types import Event, Finished, GenerationSettings, Prefilled, RunStats, Step
@@ -168,34 +169,26 @@ class RemoteSession:
 def connect(config: ServerConfig, cancel: threading.Event) -> RemoteSession | None:
     """``RemoteSession(config)``, given up as soon as ``cancel`` is set (None then): a host that
     drops packets holds a connection attempt for the whole connect timeout, once per retry, and a
-    Stop must not wait for that. A session made after it was given up is closed at once."""
-    lock = threading.Lock()
-    state: dict = {"abandoned": False, "result": None}
+    Stop must not wait for that. A session made after it was given up is closed then."""
+    future: Future[RemoteSession] = Future()
 
     def attempt() -> None:
         try:
-            result: RemoteSession | BaseException = RemoteSession(config)
+            future.set_result(RemoteSession(config))
         except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
-            result = exc
-        with lock:
-            if state["abandoned"]:
-                if isinstance(result, RemoteSession):
-                    result.close()
-                return
-            state["result"] = result
+            future.set_exception(exc)
 
-    thread = threading.Thread(target=attempt, daemon=True, name="specdeck-remote-connect")
-    thread.start()
-    while thread.is_alive() and not cancel.is_set():
-        thread.join(0.05)
-    with lock:
-        result = state["result"]
-        if result is None:
-            state["abandoned"] = True
-            return None
-    if isinstance(result, BaseException):
-        raise result
-    return result
+    threading.Thread(target=attempt, daemon=True, name="specdeck-remote-connect").start()  # daemon: never holds up exit
+    while not cancel.is_set():
+        if wait([future], timeout=0.05).done:
+            return future.result()
+    future.add_done_callback(_close_if_made)
+    return None
+
+
+def _close_if_made(attempt: Future) -> None:
+    if attempt.exception() is None:
+        attempt.result().close()
 
 
 class _RemoteRun:
