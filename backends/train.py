@@ -32,6 +32,7 @@ from typing import Callable, Iterator, Sequence, TextIO
 
 import numpy as np
 
+from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.text import TextStream
 from backends.core.protocols import pick_states
@@ -218,13 +219,22 @@ def record(session, turns: dict[int, list[str]], store: SampleStore, *, max_new_
     return len({n // TURNS for n in store.indices()})
 
 
+def widest_paying_batch(costs: CostModel, context: int, cap: int) -> int:
+    """How many rows one forward should take to decode the most rows per second, from the
+    measured curve: the smallest count within 5% of the best (more rows cost memory for little).
+
+    Example: rows costing [1, 1.86, 1.9, 1.95, 1.98] x one row give 5 (2.5 rows per unit of time)."""
+    rates = [n / costs.batch_seconds(n, context) for n in range(1, max(1, cap) + 1)]
+    best = max(rates)
+    return next(n for n, rate in enumerate(rates, 1) if rate >= 0.95 * best)
+
+
 def recording_sequences(session, n_ctx_seq: int) -> int:
     """How many conversations to answer at once: the widest batch the measured cost curve says
     pays (at most ``MAX_SEQUENCES``), fewer if their KV caches would take more than
     ``RECORD_KV_SHARE`` of the memory available now."""
     import psutil
 
-    from backends.core.costs import widest_paying_batch
     from backends.hardware.shape import load_shape
 
     n = widest_paying_batch(session.cost_model(), n_ctx_seq // 2, MAX_SEQUENCES)

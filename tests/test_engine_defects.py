@@ -36,7 +36,7 @@ from backends.core.types import (
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
-from backends.drafters.rest import RESTDrafter, RESTSettings, rank
+from backends.drafters.rest import RESTDrafter, RESTSettings
 from backends.drafters.specinfer import SpecInferDrafter
 from tests.oracle import OracleTarget
 from tests.test_engine import CHEAP_DRAFT, COSTS, OracleTreeDrafter, plain_greedy, run
@@ -393,7 +393,7 @@ def test_rest_builds_only_the_trie_nodes_that_can_rank(tmp_path, seed):
         context = rng.integers(0, 32, size=3).tolist()
         full = store.continuations(context, max_len=4, min_len=1, depth=8, samples=256)
         few = store.continuations(context, max_len=4, min_len=1, depth=8, samples=256, top=16)
-        a, b = rank(full, 8), rank(few, 8, top=16)
+        a, b = full.ranked(8), few.ranked(8, top=16)
         assert len(few.tokens) <= len(full.tokens) and len(b.tokens) == min(16, len(a.tokens))
         for name in ("tokens", "parents", "probs"):
             assert np.array_equal(getattr(a, name)[:16], getattr(b, name)), name

@@ -471,7 +471,8 @@ def test_bench_speedup_interval_pairs_prompts_and_brackets_the_figure():
 
 
 def test_widest_paying_batch_reads_the_measured_curve():
-    from backends.core.costs import CostModel, widest_paying_batch
+    from backends.core.costs import CostModel
+    from backends.train import widest_paying_batch
 
     flat = CostModel.from_relative([1.0, 1.86, 1.9, 1.95, 1.98, 2.5, 3.0])  # k = 0..6 drafted: 1..7 rows
     assert widest_paying_batch(flat, 0, 7) == 5  # 5 / 1.98 = 2.53 rows per unit; 7 / 3.0 = 2.33

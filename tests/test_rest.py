@@ -15,7 +15,7 @@ from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.types import Budget, GenerationSettings, Proposal, RankedTree, SamplingSettings, TargetOutput, Verdict
 from backends.core.planner import expected_speeds
-from backends.drafters.rest import RESTDrafter, RESTSettings, rank
+from backends.drafters.rest import RESTDrafter, RESTSettings
 from backends.models.datastore import (
     Datastore,
     DatastoreError,
@@ -102,7 +102,7 @@ def test_lookups_bounded_by_the_previous_match_find_what_a_full_search_finds(tmp
 
 def test_rank_puts_parents_first_and_shares_never_grow_down_the_tree(tmp_path):
     docs = [[1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 6, 1, 2, 3, 4]]
-    tree = rank(_store(tmp_path, docs).continuations([9, 1, 2], max_len=4, min_len=1, depth=3), max_depth=3)
+    tree = _store(tmp_path, docs).continuations([9, 1, 2], max_len=4, min_len=1, depth=3).ranked(max_depth=3)
     assert tree.tokens[0] == 3 and tree.probs[0] == pytest.approx(3 / 5)  # 1 2 -> 3 three times of four, smoothed
     assert all(p < i for i, p in enumerate(tree.parents.tolist()))
     assert all(tree.probs[i] <= tree.probs[p] for i, p in enumerate(tree.parents.tolist()) if p >= 0)

@@ -197,8 +197,8 @@ def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session, monkeypa
         drafter = smollm_session.drafter("auto", GREEDY.sampling)
         got = list(generate(smollm_session.target, drafter, prompt, GREEDY, method="auto"))[-1]
         assert got.tokens == ref.tokens
-        assert got.stats.played == drafter.arm  # the footer says what was played
-        arms.append(drafter.arm)
+        assert got.stats.played == drafter.playing  # the footer says what was played
+        arms.append(drafter.playing)
     assert set(arms) == set(every)  # every arm is tried before it is judged
     speeds = {arm: row["speed"] for arm, row in drafter.selector.report()["short"].items()}
     assert speeds["ar"] == 1.0 and all(v > 0 for v in speeds.values())

@@ -1,18 +1,8 @@
-"""What drafters learn from their own history, and the one rule for whether to draft at all.
-
-How much to verify is the planner's call (``backends.core.planner``) from per-node chances; this
-module holds where those chances come from and how they stay honest:
-
-- ``Sizer``: a drafter's raw per-node estimates (a datastore's shares, a head's probabilities, a
-  chain's prior) calibrated per bucket and depth on what was accepted, and handed to the planner;
-- ``Ledger``: guesses that were not verified, scored against what the target then wrote, which
-  under greedy decoding is exactly the acceptance they would have had, and under sampling as
-  likely (a one-hot guess ``x`` is accepted with the chance the target samples ``x``);
-- ``Bandit``: the one way a choice between options is learned from measured speed, used per step
-  by ``Gate`` (does a costly drafter draft now?) and per answer by ``auto`` (which method?).
-
-Estimates are counts with exponential forgetting, so they follow a text that changes character
-halfway.
+"""Where the planner's per-node chances come from, and whether to draft at all (README: "How
+SpecDeck decides how much to verify"): ``Sizer`` calibrates a drafter's raw estimates on what was
+accepted, ``Ledger`` scores guesses that were not verified, ``Bandit`` learns a choice from measured
+speed (per step in ``Gate``, per answer in ``auto``). Counts forget exponentially, so they follow a
+text that changes character halfway.
 """
 
 from __future__ import annotations
@@ -29,34 +19,23 @@ from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, RankedTree, Ta
 
 
 class Sizer:
-    """How many of a drafter's ranked nodes to verify, from its raw estimates calibrated on its own
-    history: one mechanism for chains and trees alike (a chain is a tree).
+    """How many of a drafter's ranked nodes to verify (a chain is a tree), from raw estimates
+    calibrated on its own history.
 
-    Every node comes with a raw estimate ``p`` that the target accepts its path: a datastore's
-    share, a head's probability, or for a chain guess that knows nothing more its prior ``a ** d``
-    at depth ``d`` (``chain_tree``). Its chance is ``f[bucket, d] * p``, at most 1 and never above
-    its parent's. The factor is learned per bucket and depth as ``r = A / P``: paths accepted that
-    deep over the raw estimates' sum there (one node per depth at most lies on the accepted path,
-    so that sum is the expected count), both with exponential forgetting, and averaged with
-    ``prior`` as if the prior were ``prior_weight`` trees: ``f = (N r + w prior) / (N + w)`` after
-    ``N`` trees. For a chain of prior estimates, ``f * p`` is thus the share of its bucket's
-    chains whose first ``d`` tokens held, pulled toward ``a ** d`` by two pseudo-trials.
-    ``choose`` gives the chances to the planner (``best_size``), drafting's own cost priced in.
-
-    A drafter that cannot score withheld guesses for free (a draft model: its guesses cost
-    forwards) sets ``probe_every``: after that many steps held back although drafting could have
-    paid, it drafts the full length once, so its factors do not freeze at "never pays".
-
-    Example: raw ``[0.6, 0.3]`` at depths 1 and 2, verify costs ``[1, 1.3, 1.5]``, factors 1:
-    speeds 1.23 and 1.27, so two nodes; after 30 such trees with nothing accepted, none.
+    A node's raw estimate ``p`` (a datastore's share, a head's probability, a chain's prior ``a **
+    d``: ``chain_tree``) becomes the chance ``f[bucket, d] * p``, at most 1 and never above its
+    parent's. ``f = (N r + w prior) / (N + w)`` after ``N`` trees, ``r`` being paths accepted that
+    deep over the raw estimates' sum there (its expected count), with forgetting. A drafter whose
+    withheld guesses cost forwards to score (a draft model) sets ``probe_every``: after that many
+    steps held back although drafting could have paid, it drafts the full length once, so its
+    factors do not freeze at "never pays". Example: raw ``[0.6, 0.3]``, costs ``[1, 1.3, 1.5]``,
+    ``f`` 1: speeds 1.23 and 1.27, two nodes; after 30 such trees with nothing accepted, none.
     """
 
     def __init__(self, costs: CostModel, *, max_nodes: int, prior: float = 1.0, prior_weight: float = 2.0,
                  decay: float = 0.95, probe_every: int | None = None, min_gain: float = MIN_GAIN) -> None:
-        self.costs = costs
-        self.max_nodes = max_nodes
+        self.costs, self.max_nodes, self.probe_every = costs, max_nodes, probe_every
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self.probe_every = probe_every
         self.min_gain = min_gain  # expected speedup a verify must promise (covers estimation noise)
         self._sums: dict[Hashable, np.ndarray] = {}  # bucket -> [depth, (accepted, predicted, trees)]
         self._idle: dict[Hashable, int] = {}
@@ -113,43 +92,37 @@ class Sizer:
 
 
 def chain_tree(tokens: Sequence[int], acceptance: float, bucket: Hashable = None) -> RankedTree:
-    """A chain as a ranked tree whose raw estimates are its prior: ``acceptance ** d`` at depth ``d``
-    (each token held with the same chance). A draft model sizes its chain before drafting it, so
-    its ``tokens`` may be placeholders: sizing reads only the estimates."""
+    """A chain as a ranked tree with prior estimates ``acceptance ** d``; ``tokens`` may be
+    placeholders (a draft model sizes its chain before drafting it)."""
     n = len(tokens)
     return RankedTree(np.asarray(tokens, dtype=np.int32), np.arange(-1, n - 1, dtype=np.int32),
                       acceptance ** np.arange(1.0, n + 1), bucket)
 
 
 class Ledger:
-    """Proposals that were not verified, scored against the text the target went on to produce.
+    """Guesses that were not verified, scored against the text the target went on to write.
 
-    ``add(start, proposal, note)`` records a guess for ``context[start:]`` (a chain is a tree);
-    ``resolve(context)`` returns ``(proposal, matched, note)`` for every guess the context now
-    settles, ``matched`` being the depth of the deepest node whose path the text followed:
-    exactly what greedy verification would have accepted, and under sampling as likely (a
-    one-hot guess ``x`` is accepted with the chance the target samples ``x``). So a drafter that
-    withholds a free guess still learns what it would have won. Example: the chain ``[5, 6, 7]``
-    at 10 resolves to matched 1 once ``context[10:12] == [5, 9]``.
+    ``add(start, proposal, note)`` records a guess for ``context[start:]``; ``resolve(context)``
+    returns ``(proposal, matched, note)`` for each guess now settled, ``matched`` being how deep the
+    text followed it: what greedy verification would have accepted, and under sampling as likely.
+    Example: the chain ``[5, 6, 7]`` at 10 resolves to 1 once ``context[10:12] == [5, 9]``.
     """
 
     def __init__(self) -> None:
-        self._open: list[tuple[int, Proposal, int, bool, Hashable]] = []  # start, guess, depth, chain?, note
+        self._open: list[tuple[int, Proposal, int, Hashable]] = []  # start, guess, depth, note
 
     def add(self, start: int, proposal: Proposal, note: Hashable = None) -> None:
         if proposal.size:
-            chain = proposal.is_chain
-            depth = proposal.size if chain else int(tree_depths(proposal.parents).max())
-            self._open.append((start, proposal, depth, chain, note))
+            self._open.append((start, proposal, int(tree_depths(proposal.parents).max()), note))
 
     def resolve(self, context: Sequence[int]) -> list[tuple[Proposal, int, Hashable]]:
         done, still_open = [], []
         for item in self._open:
-            start, proposal, depth, chain, note = item
-            seen = context[start : start + depth]
+            start, proposal, depth, note = item
             matched, node = 0, -1
-            while matched < len(seen):
-                node = _child(proposal, chain, node, seen[matched])
+            for token in context[start : start + depth]:  # follow the text down the tree
+                node = next((i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens))
+                             if p == node and t == token), None)
                 if node is None:
                     break
                 matched += 1
@@ -161,60 +134,34 @@ class Ledger:
         return done
 
 
-def _child(proposal: Proposal, chain: bool, parent: int, token: int) -> int | None:
-    """The child of ``parent`` (-1: the root) that holds ``token``, if any."""
-    if chain:
-        node = parent + 1
-        return node if proposal.tokens[node] == token else None
-    return next((i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens)) if p == parent and t == token), None)
-
-
 def length_class(n: int) -> int:
-    """Buckets of a matched length (a suffix found again, a quoted span), which estimates are kept
-    apart by: 0, 1, 2, 3, 4-7, 8-15, 16+. A long match predicts far better than a short one."""
+    """Buckets of a matched length, estimates kept apart by: 0, 1, 2, 3, 4-7, 8-15, 16+ (a long
+    match predicts far better than a short one)."""
     return n if n < 4 else 4 if n < 8 else 8 if n < 16 else 16
 
 
-_UNKNOWN = object()  # a Bandit's best arm, not yet worked out
-
-
 class Bandit:
-    """Which of several arms to play: the one with the best measured gain per unit of cost.
+    """Which arm to play: the best measured gain (tokens) per cost (plain forwards), with forgetting.
 
-    An arm's record is its gain (tokens emitted) and cost (in single-forward units), both with
-    exponential forgetting. The ``baseline`` arm (plain decoding) is worth exactly 1, needs no
-    trials and plays only when every other arm is slower. Every other arm is tried ``min_tries``
-    times first; then the best one plays, and exploration has one budget: a play of a losing arm
-    costs what it loses against the best (``best speed / its speed - 1`` rounds), and plays of the
-    losers may cost ``explore_share`` of all rounds, so a loser is played again once enough rounds
-    have passed since its last play, and never sooner than ``min_gap`` rounds (a near-tie costs
-    next to nothing, and re-checking it every round would tell nothing new). An arm far behind is
-    re-checked rarely, and one that starts winning (a fuller pool, a quieter machine, another kind
-    of prompt) is found again. ``ceiling`` (optional) is the most gain an arm can make in one
-    round (a draft of depth ``d``: ``d + 1`` tokens): an arm whose remaining trials could not
-    lift it to the baseline even at that ends its trials early.
-
-    Example: arms ``a`` (2 tokens for 1.5 forwards) and ``b`` (1 for 1.2): after the trials ``a``
-    plays, at 1.33x, and ``b`` (0.83x, losing 0.6 rounds a play) is played again every 60 rounds
-    at a 1% share; with ``a`` at 1 token for 1.5 the baseline (1.0x) would play instead.
+    The ``baseline`` (plain decoding) is worth 1 and needs no trials; every other arm is tried
+    ``min_tries`` times, then the best plays. Exploration has one budget: a loser's play costs
+    ``best speed / its speed - 1`` rounds, and losers may cost ``explore_share`` of all rounds,
+    never replayed sooner than ``min_gap`` rounds; so one that starts winning is found again. An
+    arm whose remaining trials could not reach the baseline even at its ``ceiling`` (most tokens a
+    round) ends its trials early. Example: ``a`` 2 tokens for 1.5 forwards, ``b`` 1 for 1.2: ``a``
+    plays (1.33x), ``b`` (0.83x, 0.6 rounds lost a play) again every 60 rounds at a 1% share.
     """
 
     def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4,
                  decay: float = 0.97, margin: float = 0.0, ceiling: Mapping[Hashable, float] | None = None,
                  explore_share: float = 0.01, min_gap: int = 32) -> None:
-        self.baseline = baseline
-        self.margin = margin
-        self.ceiling = dict(ceiling or {})
-        self.explore_share = explore_share
+        self.baseline, self.margin, self.ceiling = baseline, margin, dict(ceiling or {})
         self.arms = [a for a in dict.fromkeys(arms) if a != baseline]
-        self.min_tries, self.decay, self.min_gap = min_tries, decay, min_gap
-        self._gain = {a: 0.0 for a in self.arms}
-        self._cost = {a: 0.0 for a in self.arms}
-        self._tries = {a: 0 for a in self.arms}
-        self._last = {a: 0 for a in self.arms}  # the round an arm last played
+        self.min_tries, self.decay, self.min_gap, self.explore_share = min_tries, decay, min_gap, explore_share
+        self._gain, self._cost = dict.fromkeys(self.arms, 0.0), dict.fromkeys(self.arms, 0.0)
+        self._tries, self._last = dict.fromkeys(self.arms, 0), dict.fromkeys(self.arms, 0)  # _last: round last played
         self.chosen: dict[Hashable, int] = {}
         self._round = 0
-        self._best: Hashable = _UNKNOWN  # best() until the next update (asked every round)
 
     def speed(self, arm: Hashable) -> float:
         """Gain per unit of cost (1.0 for the baseline and for an arm never measured)."""
@@ -225,13 +172,11 @@ class Bandit:
     def best(self) -> Hashable:
         """The fastest arm, where an arm listed later (the baseline last) must beat the ones before
         it by ``margin``: with estimates this noisy, a near-tie goes to the simpler arm."""
-        if self._best is _UNKNOWN:
-            best = self.arms[0] if self.arms else self.baseline
-            for arm in [*self.arms[1:], self.baseline]:
-                if self.speed(arm) > self.speed(best) * (1.0 + self.margin):
-                    best = arm
-            self._best = best
-        return self._best
+        best = self.arms[0] if self.arms else self.baseline
+        for arm in [*self.arms[1:], self.baseline]:
+            if self.speed(arm) > self.speed(best) * (1.0 + self.margin):
+                best = arm
+        return best
 
     def choose(self) -> Hashable:
         self._round += 1
@@ -257,7 +202,6 @@ class Bandit:
         if arm not in self._gain:
             return
         self._tries[arm] += 1
-        self._best = _UNKNOWN
         self._gain[arm] = self._gain[arm] * self.decay + gain
         self._cost[arm] = self._cost[arm] * self.decay + cost
         if self._tries[arm] < self.min_tries and self._hopeless(arm):
@@ -281,21 +225,16 @@ RUN = "run"  # a gate's arm: let the drafter draft (its baseline: draft nothing)
 
 
 def gate_bandit() -> Bandit:
-    """A fresh record for a ``Gate`` (a session keeps one per method, across answers)."""
+    """A fresh record for a ``Gate`` (a session keeps one per method, across answers); drafting
+    that pays only in rare runs needs a slow memory (about 100 steps)."""
     return Bandit([RUN], baseline="off", min_tries=16, decay=0.99)
 
 
 class Gate:
-    """Whether a drafter whose drafting costs time (a datastore lookup, a head's or a draft
-    model's forwards) drafts this step: one ``Bandit`` arm against drafting nothing.
-
-    Every step it drafted is scored as tokens emitted over that step's cost in plain forwards: the
-    measured verify of what it proposed plus its own seconds. "This drafter cannot pay here" is
-    thus a measurement, not a flag: after 16 trials that lost to plain decoding it is re-checked
-    only within the bandit's exploration share, and one that starts to win (another kind of text,
-    a quieter machine) is found again. Such drafting pays in rare runs, so the record forgets
-    slowly (about 100 steps). Per step: ``open`` (False: draft nothing), draft, ``close``, and after
-    the verify ``score``.
+    """Whether a drafter whose drafting costs time (a lookup, a head's or draft model's forwards)
+    drafts this step: one ``Bandit`` arm against drafting nothing, scored per step it drafted as
+    tokens over the verify's cost plus its own seconds, in plain forwards. "Cannot pay here" is a
+    measurement, not a flag. Per step: ``open`` (False: don't draft), draft, ``close``, ``score``.
     """
 
     def __init__(self, costs: CostModel, *, bandit: Bandit | None = None, adaptive: bool = True,
@@ -331,11 +270,8 @@ class Gate:
 
 
 class TreeSteps:
-    """What a drafter that ranks candidate trees at a cost (REST's datastore, trained heads) does
-    around its own guessing: the ``Gate`` (draft at all this step?), the ``Sizer`` (how many of
-    the ranked nodes to verify) and a ``Ledger`` (a tree the sizer withheld is still scored
-    against the text that follows, so the calibration does not freeze at "never pays").
-    Per step: ``open``, rank a tree, ``propose(tree)``, and after the verify ``observe``."""
+    """Around a drafter that ranks trees at a cost (REST, trained heads): its ``Gate``, ``Sizer``
+    and a ``Ledger`` for withheld trees. Per step: ``open``, rank, ``propose(tree)``, ``observe``."""
 
     def __init__(self, costs: CostModel, *, max_nodes: int, adaptive: bool, prior: float = 0.7,
                  sizer: Sizer | None = None, gate: Bandit | None = None,

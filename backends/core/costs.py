@@ -1,15 +1,10 @@
 """What verification costs on this machine, so draft lengths are chosen, not guessed.
 
-One forward over the root plus ``k`` drafted tokens costs far more than one token on a CPU, and
-how much more depends on the weight type, the build's matrix kernels and the context length
-(every drafted token attends to the whole context). Measured here for SmolLM2 F16 on 2 cores,
-relative to one token: k = 1 costs 1.7x; k = 4 costs 2.0x at 64 tokens of context and 2.4 to
-2.7x at 1024; k = 16 costs 4.0x and 6.1 to 6.7x; a 64-node tree 13x and 19x. A fixed draft length
-loses on one machine or another; so the curve is measured (``backends.core.timing``), and
-``CostModel`` holds curves at one or more context lengths, interpolates between them (beyond, it
-extrapolates: attention cost grows linearly with context), and keeps learning from the verify
-times the target reports while generating (``observe``): a machine that gets busier or a context
-past the measured range shifts the estimates within a few steps.
+A forward over the root plus ``k`` drafted tokens costs far more than one token on a CPU, by an
+amount that depends on the weights, the build's kernels and the context (every drafted token
+attends to all of it). SmolLM2 F16 on 2 cores, relative to one token: k = 1 1.7x; k = 4 2.0x at
+64 tokens of context, 2.4 to 2.7x at 1024; k = 16 4.0x and 6.1 to 6.7x. So the curve is measured
+(``backends.core.timing``) and kept current from the verify times seen while generating.
 """
 
 from __future__ import annotations
@@ -23,11 +18,10 @@ import numpy as np
 class CostModel:
     """Seconds of a verify forward with ``k`` drafted tokens at a given context length.
 
-    ``curves`` maps a context length to measured seconds for k = 0..K. Between measured lengths
-    the seconds are interpolated linearly, beyond them extrapolated from the last two (attention
-    cost grows linearly with context). ``observe`` folds real verify times in as correction
-    factors (exponential moving averages, one for single-token forwards and one for batched ones),
-    so the model tracks drift and errors of the first measurement.
+    ``curves`` maps a context length to measured seconds for k = 0..K, interpolated between
+    lengths and extrapolated linearly beyond them (as attention's cost grows). ``observe`` folds
+    real verify times in as correction factors (moving averages, one for single-token forwards
+    and one for batched ones), so a busier machine shifts the estimates within a few steps.
 
     Example: ``CostModel({64: [0.010, 0.020], 1024: [0.013, 0.025]}).relative(544)`` is
     ``[1.0, 1.96]``: 0.0115 s and 0.0225 s at the midpoint.
@@ -65,20 +59,14 @@ class CostModel:
         """A context-independent model from relative costs (tests, GPUs with flat curves)."""
         return cls({0: list(costs)})
 
-    def _segment(self, context: int) -> tuple[int, float]:
-        """The pair of measured contexts to interpolate between, and how far along ``context`` is."""
-        i = min(max(bisect.bisect_right(self.contexts, context) - 1, 0), len(self.contexts) - 2)
-        c0, c1 = self.contexts[i], self.contexts[i + 1]
-        return i, (context - c0) / (c1 - c0)
-
     def _row(self, context: int) -> np.ndarray:
-        """Measured seconds for k = 0..k_max at ``context``, inter- or extrapolated."""
+        """Measured seconds for k = 0..k_max at ``context``, between (or past) the nearest two curves."""
         if len(self.contexts) == 1:
             return self._curves[0]
         if self._last_row[0] != context:  # asked several times per step
-            i, frac = self._segment(context)
-            t0, t1 = self._curves[i], self._curves[i + 1]
-            self._last_row = (context, np.maximum(t0 + (t1 - t0) * frac, 1e-9))
+            i = min(max(bisect.bisect_right(self.contexts, context) - 1, 0), len(self.contexts) - 2)
+            (c0, c1), (t0, t1) = self.contexts[i : i + 2], self._curves[i : i + 2]
+            self._last_row = (context, np.maximum(t0 + (t1 - t0) * (context - c0) / (c1 - c0), 1e-9))
         return self._last_row[1]
 
     def seconds(self, k: int, context: int) -> float:
@@ -108,12 +96,3 @@ class CostModel:
         ratio = min(max(seconds / float(self._row(context)[k]), 0.5 * self._correction[i]), 2.0 * self._correction[i])
         self._correction[i] += self.smoothing * (ratio - self._correction[i])
 
-
-def widest_paying_batch(costs: CostModel, context: int, cap: int) -> int:
-    """How many rows one forward should take to decode the most rows per second, from the
-    measured curve: the smallest count within 5% of the best (more rows cost memory for little).
-
-    Example: rows costing [1, 1.86, 1.9, 1.95, 1.98] x one row give 5 (2.5 rows per unit of time)."""
-    rates = [n / costs.batch_seconds(n, context) for n in range(1, max(1, cap) + 1)]
-    best = max(rates)
-    return next(n for n, rate in enumerate(rates, 1) if rate >= 0.95 * best)

@@ -1,17 +1,12 @@
-"""How much to verify: one rule for every drafter, chains and trees alike.
-
-A drafter proposes nodes, each with its chance that the target accepts it and every node above it
-(``Proposal.chances``, calibrated by the drafter's ``Sizer``). Verifying ``n`` nodes costs
-``cost[n]`` plain forwards (the measured curve, ``CostModel.relative``), plus what drafting costs
-(a draft model's catch-up ``fixed_cost`` and ``per_node`` forwards), and emits on average the bonus
-token plus each node's chance:
+"""How much to verify: one rule for every drafter, chains and trees alike (README: "How SpecDeck
+decides how much to verify", with a worked example). Verifying the ``n`` likeliest nodes costs
+``cost[n]`` plain forwards (measured) plus drafting's own cost, and emits on average the bonus
+token plus each node's chance (``Proposal.chances``):
 
     speed(n) = (1 + chance[0] + ... + chance[n - 1]) / (cost[n] + fixed_cost + n * per_node)
 
-``plan_nodes`` ranks the nodes by chance (a child never outranks its parent), keeps what one
-forward takes (``Budget``) and verifies the best ``n``, or nothing unless some ``n`` beats plain
-decoding by ``MIN_GAIN`` (the estimates are noisy; a step drafted for a promised 2% mostly loses).
-The README's "How SpecDeck decides how much to verify" works an example through on measured costs.
+The best ``n`` goes, or nothing unless it beats plain decoding by ``MIN_GAIN`` (the estimates are
+noisy; a step drafted for a promised 2% mostly loses).
 """
 
 from __future__ import annotations
@@ -55,12 +50,10 @@ def best_size(chances: Sequence[float], relative: Sequence[float], *, fixed_cost
 
 def could_pay(chances: Sequence[float], relative: Sequence[float], drafting: Callable[[int], float] = lambda n: 0.0,
               *, min_gain: float = MIN_GAIN) -> bool:
-    """Whether a drafter could beat plain decoding here at all: verifying the first ``n`` of
-    ``chances`` (the best case it can hope for: perfect acceptance, or a head's held-out
-    agreement) while drafting them costs ``drafting(n)`` forwards, for the best ``n``. What keeps
-    a draft model nearly as slow as its target, or a head that agrees too rarely, off the arms a
-    session tries. Example: chances ``[1, 1]``, cost ``[1, 1.8, 2.0]``, a draft token at 0.8: at
-    best 3 / (2.0 + 1.6) = 0.83, so no."""
+    """Whether a drafter could beat plain decoding here at all, at its best-case ``chances``
+    (perfect acceptance, a head's held-out agreement) with ``drafting(n)`` forwards to draft ``n``.
+    Example: chances ``[1, 1]``, cost ``[1, 1.8, 2.0]``, a draft token at 0.8: at best 3 / (2.0 +
+    1.6) = 0.83, so no: such a draft model is not among the arms a session tries."""
     speeds = [expected_speeds(chances[:n], relative, fixed_cost=drafting(n))[n] for n in range(1, len(chances) + 1)]
     return max(speeds, default=0.0) > min_gain
 

@@ -176,9 +176,12 @@ class RankedTree:
         """The ranking less the nodes that would open more than ``max_paths`` root-to-leaf paths
         (the target's sequence limit), still best first with parents before children."""
         keep = fit_paths(self.parents.tolist(), max_paths)
-        if len(keep) == len(self.tokens):
-            return self
-        new_index = np.full(len(self.tokens) + 1, -1, dtype=np.int32)
+        return self if len(keep) == len(self.tokens) else self.taking(keep)
+
+    def taking(self, keep: Sequence[int]) -> RankedTree:
+        """The nodes ``keep`` in that order (each parent kept before its children), renumbered."""
+        keep = np.asarray(keep, dtype=np.int64)
+        new_index = np.full(len(self.tokens) + 1, -1, dtype=np.int32)  # [-1] stays -1: the root
         new_index[keep] = np.arange(len(keep), dtype=np.int32)
         parents = np.where(self.parents[keep] < 0, -1, new_index[self.parents[keep]]).astype(np.int32)
         return RankedTree(self.tokens[keep], parents, self.probs[keep], self.bucket)

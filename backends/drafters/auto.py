@@ -1,16 +1,10 @@
 """``auto``: per prompt, the method that has been fastest here on this kind of prompt.
 
-Which method pays depends on the machine (on 2 CPU cores a draft model's forward costs 0.8 of the
-target's), the model and the prompt (prompt lookup shines where the answer quotes a document), so
-``auto`` measures. Its arms are the session's methods, simplest first: prompt lookup (REST when
-there is a datastore), the merged drafters when they could pay at all, then plain decoding. Each
-answer plays one arm, chosen by a ``Bandit`` per kind of prompt (short chat, long documents).
-
-An answer scores its tokens over its time in plain forwards: ``(verify + the arm's own drafting
-seconds) / t1``, ``t1`` being the cost model's current plain forward at that context, so a busy
-neighbour slows arm and yardstick alike. A later arm plays only if it measured 3% faster than every
-one before it: one answer's speed scatters by 10% or more, so a near-tie goes to the cheaper arm.
-Inside an answer each arm's own sizer and gate still decide how much to draft.
+Which method pays depends on the machine, the model and the prompt, so ``auto`` measures: each
+answer plays one arm (the session's methods, simplest first, then plain decoding), chosen by a
+``Bandit`` per kind of prompt, and scores its tokens over ``(verify + the arm's own seconds) / t1``,
+``t1`` the cost model's current plain forward (a busy neighbour slows arm and yardstick alike). A
+later arm must measure 3% faster than those before it: one answer's speed scatters by 10% or more.
 """
 
 from __future__ import annotations
@@ -36,24 +30,19 @@ def prompt_kind(prompt: Sequence[int]) -> str:
 
 
 class MethodSelector:
-    """A bandit per kind of prompt over the arms, and the tally of the answer being played.
-
-    Lives in the session's memory, so what one answer measured decides the next. The running
-    answer's tally is booked when the next answer starts (a drafter is not told that an answer
-    ended; a cancelled one counts too).
-    """
+    """A bandit per kind of prompt, kept in the session's memory, and the running answer's tally,
+    booked when the next answer starts (a drafter is not told that an answer ended)."""
 
     def __init__(self, arms: Sequence[str], *, min_tries: int = 3, decay: float = 0.95, margin: float = 0.03,
                  explore_share: float = 0.02, min_gap: int = 4) -> None:
-        """An answer is a round, so re-checking losers gets a larger share than a per-step bandit's
-        1% and a shorter gap: one 10% behind is played again about every 6 answers per losing arm."""
+        """An answer is a round, so losers get a larger share than a per-step bandit's 1% and a
+        shorter gap: one 10% behind is played again about every 6 answers per losing arm."""
         self.arms = list(arms)
         self._make = lambda: Bandit(self.arms, baseline=PLAIN, min_tries=min_tries, decay=decay, margin=margin,
                                     explore_share=explore_share, min_gap=min_gap)
         self.bandits: dict[Hashable, Bandit] = {}
         self._open: tuple[Hashable, str] | None = None
-        self._tokens = 0.0
-        self._cost = 0.0
+        self._tokens = self._cost = 0.0
 
     def choose(self, kind: Hashable) -> str:
         self.close()
@@ -91,28 +80,21 @@ class AutoDrafter(Drafter):
         # the arm is chosen after the prefill, so the prompt's states are every arm's
         self.prompt_states, self.state_layers, blocks = states_of(self.arms.values())
         self._blocks = dict(zip(self.arms, blocks))
-        self.costs = costs
-        self.selector = selector
-        self.clock = clock
-        self.arm = PLAIN
+        self.costs, self.selector, self.clock = costs, selector, clock
+        self.playing = PLAIN  # this answer's arm
         self._drafter: Drafter | None = None
         self._context_len = 0
         self._own = 0.0  # seconds this step spent drafting and observing
 
-    @property
-    def playing(self) -> str:
-        """The arm of the current answer (shown in stats footers)."""
-        return self.arm
-
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
-        self.arm = self.selector.choose(prompt_kind(prompt))
-        self._drafter = self.arms.get(self.arm)
+        self.playing = self.selector.choose(prompt_kind(prompt))
+        self._drafter = self.arms.get(self.playing)
         if self._drafter is not None:
             self._drafter.begin(prompt, self._mine(hidden))
 
     def _mine(self, hidden: np.ndarray | None) -> np.ndarray | None:
         """The part of the states the playing arm reads."""
-        return pick_states(hidden, self._blocks.get(self.arm), len(self.state_layers))
+        return pick_states(hidden, self._blocks.get(self.playing), len(self.state_layers))
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         start = self.clock()

@@ -1,16 +1,11 @@
 """``rest``: retrieval-based drafting from a datastore of text the user chose (He et al., REST).
 
-Answers about a code base, a manual or earlier chats reuse its phrases. The longest suffix of the
-context found in the datastore (``backends.models.datastore``) is looked up, and what followed its
-occurrences becomes a token tree, each node weighted by the share of occurrences through it. No
-model runs to draft. Example: after ``def main(`` a Python datastore has continuations ``) :``
-(60%), ``args )`` (25%), ``argv )`` (15%): the tree holds ``)`` → ``:`` and ``args`` → ``)``.
-
-Whether to look up at all and how many nodes to verify is ``TreeSteps``' call, as for the trained
-heads: a gate that scores each lookup step against plain decoding (lookup time included), a sizer
-calibrated on what was accepted, and a ledger for trees not verified. The conversation itself is
-searched first (``conversation=True``), by prompt lookup with its own statistics: an answer repeats
-its prompt and itself far more often than anything a datastore holds (README: datastores).
+The longest suffix of the context found in the datastore (``backends.models.datastore``) is looked
+up, and what followed its occurrences becomes a token tree, each node weighted by its share of
+them. Example: after ``def main(`` continuations ``) :`` (60%), ``args )`` (25%), ``argv )``
+(15%) give ``)`` → ``:`` and ``args`` → ``)``. Whether to look up and how much to verify is
+``TreeSteps``' call, as for the trained heads. The conversation is searched first, by prompt
+lookup: an answer repeats its prompt and itself far more often than a datastore's text.
 """
 
 from __future__ import annotations
@@ -51,35 +46,14 @@ class RESTSettings:
             raise ValueError(f"samples must be in 1..65536, got {self.samples}")
 
 
-def rank(cont: Continuations, max_depth: int, top: int | None = None) -> RankedTree:
-    """Order trie nodes by share, parents first; drop nodes deeper than ``max_depth``; keep the
-    first ``top`` (all by default).
-
-    A child never has a larger count than its parent, and ties keep breadth-first order, so a
-    stable sort by count puts every parent before its children. The share is ``count / (total +
-    1)``: a continuation seen once is a coin flip, not a certainty.
-    """
-    depth = np.zeros(len(cont.tokens), dtype=np.int32)
-    for i, parent in enumerate(cont.parents):
-        depth[i] = 1 if parent < 0 else depth[parent] + 1
-    keep = np.flatnonzero(depth <= max_depth)
-    order = keep[np.argsort(-cont.counts[keep], kind="stable")][:top]
-    new_index = np.full(len(cont.tokens) + 1, -1, dtype=np.int32)
-    new_index[order] = np.arange(len(order), dtype=np.int32)
-    parents = np.where(cont.parents[order] < 0, -1, new_index[cont.parents[order]])
-    return RankedTree(cont.tokens[order], parents.astype(np.int32), cont.counts[order] / (cont.total + 1),
-                      length_class(cont.matched))
-
-
 class RESTDrafter(Drafter):
     requires: frozenset[str] = frozenset({TREE, ROLLBACK})
 
     def __init__(self, store: Datastore, settings: RESTSettings | None = None, *, costs: CostModel | None = None,
                  sizer: Sizer | None = None, conversation: PLDDrafter | None = None, gate: Bandit | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        """``conversation`` searches the conversation; built here when the settings ask for it
-        and none is given (pass one, and the ``sizer`` and ``gate``, to keep their statistics
-        across answers)."""
+        """Pass ``conversation`` (a prompt lookup), ``sizer`` and ``gate`` to keep their statistics
+        across answers."""
         self.store = store
         self.settings = settings or RESTSettings()
         costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
@@ -99,19 +73,15 @@ class RESTDrafter(Drafter):
         self._match: tuple[int, int] | None = None  # (longest match length, context length) of the last lookup
 
     def lookup(self, context: Sequence[int], *, top: int | None = None) -> RankedTree:
-        """The ranked continuations of the longest suffix of ``context`` found in the datastore,
-        the ``top`` best of them (all by default): only those are built and ranked.
-
-        A suffix that matches now extends one that matched before, so the longest match can be
-        at most the previous one plus the tokens appended since: the search for its length starts
-        there (most steps then cost one binary search instead of four).
-        """
+        """The ``top`` best continuations (all by default) of the longest suffix of ``context`` in
+        the datastore. A match now extends the last one, so it is at most that plus the tokens
+        appended since: the search starts there (mostly one binary search instead of four)."""
         s = self.settings
         bound = s.max_match if self._match is None else self._match[0] + len(context) - self._match[1]
         cont = self.store.continuations(context, max_len=min(s.max_match, bound), min_len=s.min_match,
                                         depth=s.max_depth, samples=s.samples, top=top)
         self._match = (cont.matched or s.min_match - 1, len(context))
-        return rank(cont, s.max_depth, top)
+        return cont.ranked(s.max_depth, top, length_class(cont.matched))
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         if self.conversation is not None:

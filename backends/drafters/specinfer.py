@@ -1,17 +1,11 @@
 """``specinfer``: several drafters at once, merged into one token tree, verified in one forward.
 
-SpecInfer (Miao et al.) verifies several small speculators' guesses together: where they agree the
-tree shares nodes, where they differ it branches. Useful pairs are complementary, e.g. a draft
-model (free text) with prompt lookup (quotes). A draft model that could not pay here even if every
-guess held is left out by the registry (``backends.drafters.could_pay_here``).
-
-Each sub-drafter proposes as if alone (its own sizer and gate), the proposals become one trie
-(``backends.drafters.merge``), and the planner keeps the nodes worth verifying together. Each
-sub-drafter then sees the verdict projected onto its own proposal (a draft model's cache must
-follow the text, whoever guessed it), so each learns what its own nodes won, as if alone; the
-verify time goes to the shared cost model once, with the merged size. Example: pld proposes ``the
-cat sat``, draft ``the dog``: the tree is ``the -> (cat -> sat, dog)``; if the target says ``the dog
-ran``, pld's projection accepts 1 of 3 and draft's 2 of 2.
+SpecInfer (Miao et al.): where complementary drafters (a draft model, prompt lookup) agree the
+tree shares nodes, where they differ it branches. Each proposes as if alone, the proposals become
+one trie (``backends.drafters.merge``) that the planner cuts, and each then sees the verdict
+projected onto its own proposal, so it learns what its own nodes won (and a draft model's cache
+follows the text). Example: pld ``the cat sat``, draft ``the dog``: the tree is ``the -> (cat ->
+sat, dog)``; if the target says ``the dog ran``, pld's projection accepts 1 of 3, draft's 2 of 2.
 """
 
 from __future__ import annotations
@@ -52,12 +46,9 @@ class SpecInferSettings:
 
 
 class SpecInferDrafter(Drafter):
-    """Merges the sub-drafters' proposals, then keeps the nodes worth verifying together.
-
-    Together they cost more than each sized itself for, so the merged tree, each node with the best
-    chance a drafter gave it, goes through the planner: never worse than the better sub-proposal
-    alone by the drafters' own estimates. A lone proposal goes as it is (sized for exactly that).
-    """
+    """Merges the sub-drafters' proposals; the merged tree costs more than each sized itself for, so
+    it goes through the planner, each node with the best chance a drafter gave it. A lone proposal
+    goes as it is (sized for exactly that). ``costs`` is the one its drafters observe too."""
 
     def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None, playing: str = "") -> None:
         """``playing``: which drafters run, when the registry left one out (shown in stats)."""
@@ -75,8 +66,6 @@ class SpecInferDrafter(Drafter):
             d.begin(prompt, pick_states(hidden, blocks, len(self.state_layers)))
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
-        if len(self.drafters) == 1:  # nothing to merge: it drafts, and learns, as if alone
-            return self.drafters[0].propose(context, budget)
         self._context_len = len(context)
         self._last = [drafter.propose(context, budget).pruned(budget) for drafter in self.drafters]
         live = [prop for prop in self._last if prop.size]
@@ -90,9 +79,6 @@ class SpecInferDrafter(Drafter):
         return chosen.proposal
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
-        if len(self.drafters) == 1:
-            self.drafters[0].observe(out, verdict)  # it times the verify itself
-            return
         self.costs.observe(verdict.drafted, self._context_len, out.seconds)
         quiet = replace(out, seconds=0.0)  # timed once above, with the merged size
         for drafter, prop, mapping, blocks in zip(self.drafters, self._last, self._maps, self._blocks):

@@ -26,12 +26,14 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 from safetensors.numpy import save_file
 
 from backends.core.errors import SpecDeckError
+from backends.core.tree import tree_depths
+from backends.core.types import RankedTree
 from backends.models.gguf_info import VocabInfo
 
 # Field metadata for settings that name a datastore file (front ends offer a file chooser).
@@ -196,6 +198,14 @@ class Continuations:
     counts: np.ndarray  # [n] int32
     total: int
     matched: int  # length of the context suffix that matched
+
+    def ranked(self, max_depth: int, top: int | None = None, bucket: Hashable = None) -> RankedTree:
+        """The nodes by share, at most ``max_depth`` deep, the ``top`` best (all by default). A
+        child never outnumbers its parent and ties keep breadth-first order, so a stable sort puts
+        parents first. A share is ``count / (total + 1)``: a continuation seen once is a coin flip."""
+        keep = np.flatnonzero(tree_depths(self.parents) <= max_depth)
+        order = keep[np.argsort(-self.counts[keep], kind="stable")][:top]
+        return RankedTree(self.tokens, self.parents, self.counts / (self.total + 1), bucket).taking(order)
 
 
 NO_CONTINUATIONS = Continuations(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32), 0, 0)
