@@ -281,7 +281,7 @@ class Session:
             else:
                 head = HeadFile.load(candidates[0])
             head.check_for(self.fingerprint, kind)
-            self._heads[key] = head
+            self._heads[key] = head.attach(self._path)
         return self._heads[key]
 
     def engine_head(self, head: HeadFile | str):

@@ -19,6 +19,7 @@ from backends.drafters.medusa import MedusaDrafter, MedusaSettings, rank_medusa
 from backends.heads.files import HeadFile, HeadMismatchError, ModelFingerprint
 from backends.heads.medusa import MedusaHeads
 from backends.heads.record import Recorder, Sample
+from backends.models.weights import tensor_rows
 from tests.oracle import OracleTarget
 from tests.test_engine import COSTS, plain_greedy
 
@@ -276,9 +277,15 @@ def test_train_cli_records_trains_resumes_and_writes_a_head(smollm_q4_path, tmp_
     head = HeadFile.load(tmp_path / "h.medusa.json")
     head.check_for(ModelFingerprint.of(smollm_q4_path), "medusa")
     assert 1 <= head.training["steps"] <= 20 and len(head.training["agreement"]) == 4  # capped at 8 epochs
-    first = MedusaHeads(head).lm_t.copy()
+    # the frozen output rows are the target's own: not in the file, read from the model when attached
+    assert head.from_target == ("lm.weight",) and "lm.weight" not in head.tensors
+    with pytest.raises(ModelFileError, match="read from the target model"):
+        MedusaHeads(head)
+    heads = MedusaHeads(head.attach(smollm_q4_path))
+    assert np.array_equal(heads.lm_t.T, tensor_rows(smollm_q4_path, head.tensors["vocab"]).astype(np.float16))
+    first = head.tensors["blocks.w"].copy()
     assert main(args) == 0  # everything recorded and trained already: the same head again
-    assert np.array_equal(MedusaHeads(HeadFile.load(tmp_path / "h.medusa.json")).lm_t, first)
+    assert np.array_equal(HeadFile.load(tmp_path / "h.medusa.json").tensors["blocks.w"], first)
 
 
 def test_the_fit_estimator_counts_the_head_and_the_kept_states(oracle_head, tmp_path, monkeypatch, smollm_q4_path):

@@ -217,9 +217,9 @@ def method_extra(spec: MethodSpec, n_ctx: int, *, draft: ModelShape | None = Non
 
 def trained_head_bytes(spec: MethodSpec, model: str | Path, n_ctx: int = 0) -> int:
     """Memory of the trained heads a method needs for ``model``, as found for it (numpy runs them
-    in float32: twice their float16 file), and of a head's own KV cache for ``n_ctx`` positions
-    (float32 keys and values, for heads with attention: EAGLE); 0 when it needs none or none is
-    there yet."""
+    in float32: twice their float16 file, plus the target's output rows a file does not store), and
+    of a head's own KV cache for ``n_ctx`` positions (float32 keys and values, for heads with
+    attention: EAGLE); 0 when it needs none or none is there yet."""
     import json
 
     from backends.heads.files import find_heads, stem
@@ -230,8 +230,11 @@ def trained_head_bytes(spec: MethodSpec, model: str | Path, n_ctx: int = 0) -> i
         if found:
             total += 2 * file_bytes(stem(found[0]).with_name(stem(found[0]).name + ".safetensors"))
             try:
-                config = json.loads(Path(found[0]).read_text())["config"]
+                meta = json.loads(Path(found[0]).read_text())
+                config = meta["config"]
                 total += n_ctx * 2 * int(config.get("n_kv_head", 0)) * int(config.get("head_dim", 0)) * 4
+                rows = int(config.get("draft_vocab", 0)) * int(config.get("d_model", 0)) * 4  # float32
+                total += rows * len(meta.get("from_target", ()))
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 pass  # an unreadable config is refused, with its reason, when the head is loaded
     return total

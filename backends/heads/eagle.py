@@ -15,7 +15,8 @@ head file stays a few MB.
 
 Tensors (float16 in the file): ``fc.weight`` [d, 2d], ``attn_norm`` [d], ``q.weight`` [H hd, d],
 ``k.weight`` / ``v.weight`` [H_kv hd, d], ``o.weight`` [d, H hd], ``ffn_norm`` [d], ``gate.weight`` /
-``up.weight`` [d_ff, d], ``down.weight`` [d, d_ff], ``lm.weight`` [V', d], ``vocab`` [V'].
+``up.weight`` [d_ff, d], ``down.weight`` [d, d_ff], ``lm.weight`` [V', d] (the target's output rows
+unless trained: then read from the model, ``HeadFile.attach``), ``vocab`` [V'].
 
 The cache keeps committed rows (pairs whose feature is the target's own) and, above them, the
 scratch rows of the draft tree being built; ``HeadCache.drop_scratch`` forgets the latter after

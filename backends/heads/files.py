@@ -6,6 +6,10 @@ reads one model's hidden states, so it is refused, with both models named, for a
 architecture, size or vocabulary. A head trained on one quantization of a model still fits
 another (F16 and Q4_1 SmolLM2 give nearly the same states); ``find_heads`` prefers the exact one.
 
+A tensor that is only a copy of the target's own output rows for the head's ``vocab`` (a frozen
+output layer: 4.7 MB of SmolLM2's 13 MB EAGLE head) is not stored: the JSON lists it under
+``from_target`` and ``attach`` reads it from the model the head is used with.
+
 Where heads are looked for: next to the model file (``model.gguf`` -> ``model.medusa.json``), the
 user's heads folder (``specdeck train`` writes there), and the heads shipped in ``assets/heads``.
 """
@@ -91,6 +95,7 @@ class HeadFile:
     tensors: dict[str, np.ndarray]
     training: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
+    from_target: tuple[str, ...] = ()  # tensors that are the target's output rows for ``vocab``: not stored
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``path`` (.safetensors) and its .json beside it; returns the .json path."""
@@ -99,10 +104,12 @@ class HeadFile:
         weights = stem(path).with_name(stem(path).name + ".safetensors")
         weights.parent.mkdir(parents=True, exist_ok=True)
         tmp = weights.with_name(weights.name + ".tmp")
-        save_file({k: np.ascontiguousarray(v) for k, v in self.tensors.items()}, str(tmp))
+        save_file({k: np.ascontiguousarray(v) for k, v in self.tensors.items() if k not in self.from_target}, str(tmp))
         os.replace(tmp, weights)
         meta = {"format": FORMAT, "kind": self.kind, "weights": weights.name, "config": self.config,
                 "target": asdict(self.target), "training": self.training}
+        if self.from_target:
+            meta["from_target"] = list(self.from_target)
         config = weights.with_name(stem(weights).name + ".json")
         write_atomic(config, json.dumps(meta, indent=1) + "\n")
         self.path = config
@@ -121,6 +128,7 @@ class HeadFile:
             weights = config.with_name(meta["weights"])
             target = ModelFingerprint(**meta["target"])
             kind, hyper = str(meta["kind"]), dict(meta["config"])
+            from_target = tuple(str(name) for name in meta.get("from_target", ()))
         except FileNotFoundError:
             raise ModelFileError(f"no head config at {config}") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -129,7 +137,7 @@ class HeadFile:
             tensors = load_file(str(weights))
         except (OSError, SafetensorError) as exc:
             raise ModelFileError(f"the head weights {weights} cannot be read ({exc})") from None
-        return cls(kind, hyper, target, tensors, dict(meta.get("training", {})), config)
+        return cls(kind, hyper, target, tensors, dict(meta.get("training", {})), config, from_target)
 
     @staticmethod
     def kind_of(path: str | os.PathLike) -> str:
@@ -151,9 +159,21 @@ class HeadFile:
                                     f"{model.describe()} ({'; '.join(wrong)}): train one for it with "
                                     f"`specdeck train {self.kind} --model ...`")
 
+    def attach(self, model: str | os.PathLike) -> HeadFile:
+        """Read the tensors listed in ``from_target`` from ``model`` (the one ``check_for`` passed):
+        its output rows for ``vocab``, as float16 like the stored tensors."""
+        from backends.models.weights import tensor_rows
+
+        for name in self.from_target:
+            if name not in self.tensors:
+                self.tensors[name] = tensor_rows(model, self.tensor("vocab").astype(np.int64)).astype(np.float16)
+        return self
+
     def tensor(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """A tensor as float32, its shape checked (a truncated or edited file fails here, clearly)."""
         if name not in self.tensors:
+            if name in self.from_target:
+                raise ModelFileError(f"{self.path or 'the head'}: {name!r} is read from the target model (attach it)")
             raise ModelFileError(f"{self.path or 'the head'} has no tensor {name!r}")
         value = np.asarray(self.tensors[name], dtype=np.float32)
         if shape is not None and value.shape != shape:

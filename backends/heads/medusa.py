@@ -11,7 +11,8 @@ tokens cover nearly all of what a chat model writes, and a token outside it is s
 guessed (the target's bonus token still produces it).
 
 Tensors (float16 in the file, float32 here): ``blocks.w`` [K, d, d], ``blocks.b`` [K, d],
-``lm.weight`` [V', d], ``vocab`` [V'] (target token ids).
+``lm.weight`` [V', d] (the target's output rows, frozen: read from the model, ``HeadFile.attach``),
+``vocab`` [V'] (target token ids).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ has no next-n block (``backends.heads.mtp_training``: k unrolled steps, later on
 
 Tensors (float16 in the file): ``fc.weight`` [d, 2d] (``W_proj``), ``hidden_norm``, ``embed_norm``,
 ``attn_norm``, ``ffn_norm``, ``out_norm`` [d], ``q.weight`` .. ``down.weight`` as an EAGLE head's,
-``lm.weight`` [V', d] (the model's own output rows over the draft vocabulary, frozen), ``vocab``.
+``lm.weight`` [V', d] (the model's own output rows over the draft vocabulary, frozen: read from the
+model, ``HeadFile.attach``), ``vocab``.
 """
 
 from __future__ import annotations

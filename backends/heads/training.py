@@ -331,7 +331,9 @@ class HeadTrainer:
         state = self.best[2] if self.best is not None else self.model.state_dict()
         config, tensors = self.recipe.export(state)
         training = dict(training, best_step=self.best[1] if self.best else self.step)
-        return HeadFile(self.kind, config, self.target, tensors, training)
+        trained = {name for name, _ in self.model.named_parameters()}
+        frozen = ("lm.weight",) if "lm" in state and "lm" not in trained else ()  # the target's own rows
+        return HeadFile(self.kind, config, self.target, tensors, training, from_target=frozen)
 
 
 class MedusaRecipe:
