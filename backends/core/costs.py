@@ -95,4 +95,3 @@ class CostModel:
         i = min(k, 1)
         ratio = min(max(seconds / float(self._row(context)[k]), 0.5 * self._correction[i]), 2.0 * self._correction[i])
         self._correction[i] += self.smoothing * (ratio - self._correction[i])
-
