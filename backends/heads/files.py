@@ -164,9 +164,11 @@ class HeadFile:
         its output rows for ``vocab``, as float16 like the stored tensors."""
         from backends.models.weights import tensor_rows
 
-        for name in self.from_target:
-            if name not in self.tensors:
-                self.tensors[name] = tensor_rows(model, self.tensor("vocab").astype(np.int64)).astype(np.float16)
+        missing = [name for name in self.from_target if name not in self.tensors]
+        if missing:
+            self.tensor("vocab")  # a clear error when the file lacks it
+            rows = tensor_rows(model, np.asarray(self.tensors["vocab"], np.int64)).astype(np.float16)
+            self.tensors.update(dict.fromkeys(missing, rows))
         return self
 
     def tensor(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
