@@ -109,20 +109,20 @@ class Ledger:
     """
 
     def __init__(self) -> None:
-        self._open: list[tuple[int, Proposal, int, Hashable]] = []  # start, guess, depth, note
+        self._open: list[tuple[int, Proposal, int, dict, Hashable]] = []  # start, guess, depth, children, note
 
     def add(self, start: int, proposal: Proposal, note: Hashable = None) -> None:
         if proposal.size:
-            self._open.append((start, proposal, int(tree_depths(proposal.parents).max()), note))
+            children = {(p, t): i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens))}
+            self._open.append((start, proposal, int(tree_depths(proposal.parents).max()), children, note))
 
     def resolve(self, context: Sequence[int]) -> list[tuple[Proposal, int, Hashable]]:
         done, still_open = [], []
         for item in self._open:
-            start, proposal, depth, note = item
+            start, proposal, depth, children, note = item
             matched, node = 0, -1
             for token in context[start : start + depth]:  # follow the text down the tree
-                node = next((i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens))
-                             if p == node and t == token), None)
+                node = children.get((node, token))
                 if node is None:
                     break
                 matched += 1
