@@ -27,6 +27,7 @@ command -v appstreamcli >/dev/null || missing+=(appstream)
 command -v lintian >/dev/null || missing+=(lintian)
 command -v makensis >/dev/null || missing+=(nsis)
 command -v xvfb-run >/dev/null || missing+=(xvfb xauth)  # the smoke test on a real X server too
+command -v icupkg >/dev/null || missing+=(icu-devtools)  # trims Qt's ICU data (packaging/icu_trim.py)
 if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
 
 say "validating the menu entry and the AppStream metadata"
@@ -56,6 +57,9 @@ find "$DIST/specdeck" -type f -name '*.so*' | while read -r lib; do
     if readelf -S "$lib" 2>/dev/null | grep -q '\.debug_info'; then strip --strip-debug "$lib"; fi
 done
 
+say "Qt's ICU data, less what Qt never reads (packaging/icu_trim.py)"
+python3 packaging/icu_trim.py "$DIST/specdeck" >&2
+
 say "the newest glibc and libstdc++ any of its files asks for (at most Ubuntu 22.04's)"
 read -r glibc glibcxx < <(python3 packaging/abi_floor.py "$DIST/specdeck" --max GLIBC=2.35 --max GLIBCXX=3.4.30)
 say "glibc $glibc, GLIBCXX $glibcxx"
@@ -68,6 +72,7 @@ mkdir -p "$root/DEBIAN" "$root/opt" "$root/usr/bin" "$root/usr/share/application
 cp -a "$DIST/specdeck" "$root/opt/specdeck"
 find "$root/opt" -name __pycache__ -type d -prune -exec rm -rf {} +
 find "$root/opt" -type f -name '*.so*' -exec chmod 644 {} +  # libraries are not programs
+say ".deb: left out, as its Depends install them: $(python3 packaging/deb_prune.py "$root/opt/specdeck/_internal" packaging/linux/control.in)"
 ln -s /opt/specdeck/specdeck "$root/usr/bin/specdeck-gui"
 install -m 644 packaging/linux/specdeck.desktop "$root/usr/share/applications/specdeck.desktop"
 install -m 644 assets/icons/specdeck.png "$root/usr/share/icons/hicolor/256x256/apps/specdeck.png"
