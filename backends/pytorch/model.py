@@ -75,22 +75,40 @@ class Transformer:
     """The forward pass over canonical weights (``backends.pytorch.weights``); holds no cache."""
 
     def __init__(self, shape: TorchShape, weights: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", attention_dtype: torch.dtype | None = None) -> None:
+        """``attention_dtype``: the KV cache's and attention's (``dtype`` by default). A CPU without
+        native bfloat16 attends in float32 much faster than in bfloat16 (``loader.device_and_dtype``)."""
         self.shape = shape
         self.dtype = dtype
+        self.attention_dtype = attention_dtype or dtype
         self.device = torch.device(device)
         norm_dtype = torch.float32 if shape.gemma else dtype  # gemma's norms multiply in float32
         self.w = {k: v.to(device=self.device, dtype=norm_dtype if k.endswith("norm") else dtype).contiguous()
                   for k, v in weights.items()}
         self.w.setdefault("output", self.w["embed"])
+        for i in range(shape.n_layer):
+            self._fuse(i)
         self._inv_freq = {theta: self._frequencies(theta) for theta in {shape.theta(i) for i in range(shape.n_layer)}}
+
+    def _fuse(self, i: int) -> None:
+        """Stack layer ``i``'s matrices that read the same input (q, k and v; gate and up) into one,
+        so each takes one matrix product a forward instead of two or three (a bias missing beside
+        present ones becomes zeros)."""
+        w = self.w
+        mats = [w.pop(f"{i}.w{x}") for x in "qkv"]
+        biases = [w.pop(f"{i}.b{x}", None) for x in "qkv"]
+        w[f"{i}.wqkv"] = torch.cat(mats)
+        if any(b is not None for b in biases):
+            w[f"{i}.bqkv"] = torch.cat([torch.zeros(len(m), dtype=m.dtype, device=m.device) if b is None else b
+                                        for m, b in zip(mats, biases)])
+        w[f"{i}.w_gate_up"] = torch.cat([w.pop(f"{i}.w_gate"), w.pop(f"{i}.w_up")])
 
     def _frequencies(self, theta: float) -> torch.Tensor:
         hd = self.shape.head_dim
         return 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=self.device) / hd))  # [hd / 2]
 
     def new_cache(self, n_ctx: int, layers: Sequence[int] | None = None) -> KVCache:
-        return KVCache.empty(self.shape, n_ctx, dtype=self.dtype, device=self.device, layers=layers)
+        return KVCache.empty(self.shape, n_ctx, dtype=self.attention_dtype, device=self.device, layers=layers)
 
     @property
     def layer_share(self) -> float:
@@ -99,11 +117,15 @@ class Transformer:
         body = sum(v.numel() for k, v in self.w.items() if k[0].isdigit())
         return body / (body + self.w["output"].numel())
 
-    def _angles(self, layer: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _angles(self, layer: int, positions: torch.Tensor, known: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary cos and sin [n, hd / 2] for a layer's frequencies, computed once per forward for
+        all layers that share them (``known``)."""
         s = self.shape
-        scale = s.rope_linear if not s.window(layer) else 1.0
-        freqs = positions.float()[:, None] / scale * self._inv_freq[s.theta(layer)][None, :]  # [n, hd / 2]
-        return freqs.cos().to(self.dtype), freqs.sin().to(self.dtype)
+        key = (s.theta(layer), s.rope_linear if not s.window(layer) else 1.0)
+        if key not in known:
+            freqs = positions.float()[:, None] / key[1] * self._inv_freq[key[0]][None, :]  # [n, hd / 2]
+            known[key] = freqs.cos().to(self.dtype), freqs.sin().to(self.dtype)
+        return known[key]
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, *, start: int,
@@ -123,13 +145,14 @@ class Transformer:
             x = x * torch.tensor(s.embed_scale, dtype=self.dtype)
         taken: dict[int, torch.Tensor] = {}
         masks: dict[int, torch.Tensor] = {}
+        angles: dict = {}
         for i in range(s.n_layer) if layers is None else layers:
             if i in states:
                 taken[i] = x.float()
             window = s.window(i)
             if window not in masks:
                 masks[window] = mask if not window else mask & (positions[:, None] - keys[None, :] < window)
-            x = self._block(i, x, positions, cache, start=start, mask=masks[window])
+            x = self._block(i, x, self._angles(i, positions, angles), cache, start=start, mask=masks[window])
         x = rms_norm(x, w["norm"], s.norm_eps, gemma=s.gemma)
         if FINAL_STATE in states:
             taken[FINAL_STATE] = x.float()
@@ -140,46 +163,50 @@ class Transformer:
         hidden = torch.cat([taken[il] for il in states], dim=1) if states else None
         return out, hidden
 
-    def _block(self, i: int, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, *, start: int,
-               mask: torch.Tensor) -> torch.Tensor:
+    def _block(self, i: int, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor], cache: KVCache, *,
+               start: int, mask: torch.Tensor) -> torch.Tensor:
         s, w = self.shape, self.w
         h = rms_norm(x, w[f"{i}.attn_norm"], s.norm_eps, gemma=s.gemma)
-        h = self._attention(i, h, positions, cache, start=start, mask=mask)
+        h = self._attention(i, h, angles, cache, start=start, mask=mask)
         if s.gemma:
             h = rms_norm(h, w[f"{i}.post_attn_norm"], s.norm_eps, gemma=True)
         x = x + h
         h = rms_norm(x, w[f"{i}.ffn_norm"], s.norm_eps, gemma=s.gemma)
-        gate = h @ w[f"{i}.w_gate"].T
+        gate, up = (h @ w[f"{i}.w_gate_up"].T).chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if s.gemma else F.silu(gate)
-        h = (gate * (h @ w[f"{i}.w_up"].T)) @ w[f"{i}.w_down"].T
+        h = (gate * up) @ w[f"{i}.w_down"].T
         if s.gemma:
             h = rms_norm(h, w[f"{i}.post_ffn_norm"], s.norm_eps, gemma=True)
         return x + h
 
-    def _project(self, i: int, h: torch.Tensor, which: str, heads: int) -> torch.Tensor:
-        """q, k or v of ``h`` [n, d] as [heads, n, hd], with the bias and per-head norm the file has."""
-        w = self.w
-        y = h @ w[f"{i}.w{which}"].T
-        bias = w.get(f"{i}.b{which}")
+    def _project(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [H, n, hd], k and v [Hkv, n, hd] of ``h`` [n, d], with the biases and per-head norms the
+        file has."""
+        s, w = self.shape, self.w
+        y = h @ w[f"{i}.wqkv"].T  # [n, (H + 2 Hkv) hd]
+        bias = w.get(f"{i}.bqkv")
         if bias is not None:
             y = y + bias
-        y = y.view(len(h), heads, self.shape.head_dim)
-        norm = w.get(f"{i}.{which}_norm")
-        if norm is not None:
-            y = rms_norm(y, norm, self.shape.norm_eps, gemma=self.shape.gemma)
-        return y.transpose(0, 1)
+        n = len(h)
+        q, k, v = y.split([s.n_head * s.head_dim, s.n_kv * s.head_dim, s.n_kv * s.head_dim], dim=-1)
+        q, k, v = q.view(n, s.n_head, s.head_dim), k.view(n, s.n_kv, s.head_dim), v.view(n, s.n_kv, s.head_dim)
+        if f"{i}.q_norm" in w:
+            q = rms_norm(q, w[f"{i}.q_norm"], s.norm_eps, gemma=s.gemma)
+        if f"{i}.k_norm" in w:
+            k = rms_norm(k, w[f"{i}.k_norm"], s.norm_eps, gemma=s.gemma)
+        return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
 
-    def _attention(self, i: int, h: torch.Tensor, positions: torch.Tensor, cache: KVCache, *, start: int,
-                   mask: torch.Tensor) -> torch.Tensor:
+    def _attention(self, i: int, h: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor], cache: KVCache, *,
+                   start: int, mask: torch.Tensor) -> torch.Tensor:
         s = self.shape
         n = len(h)
-        cos, sin = self._angles(i, positions)
-        q = rotary(self._project(i, h, "q", s.n_head), cos, sin)  # [H, n, hd]
-        k = rotary(self._project(i, h, "k", s.n_kv), cos, sin)  # [Hkv, n, hd]
+        q, k, v = self._project(i, h)
+        q, k = rotary(q, *angles), rotary(k, *angles)  # [H, n, hd], [Hkv, n, hd]
         r = cache.rows[i]
         cache.k[r, :, start : start + n] = k
-        cache.v[r, :, start : start + n] = self._project(i, h, "v", s.n_kv)
+        cache.v[r, :, start : start + n] = v
         keys, values = cache.k[r, :, : start + n], cache.v[r, :, : start + n]  # [Hkv, start + n, hd]
-        out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask[None, None],
-                                             scale=s.scale, enable_gqa=s.n_kv != s.n_head)  # [1, H, n, hd]
-        return out[0].transpose(0, 1).reshape(n, s.n_head * s.head_dim) @ self.w[f"{i}.wo"].T
+        out = F.scaled_dot_product_attention(q[None].to(keys.dtype), keys[None], values[None],
+                                             attn_mask=mask[None, None], scale=s.scale,
+                                             enable_gqa=s.n_kv != s.n_head)  # [1, H, n, hd]
+        return out[0].transpose(0, 1).reshape(n, s.n_head * s.head_dim).to(self.dtype) @ self.w[f"{i}.wo"].T
