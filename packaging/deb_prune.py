@@ -1,9 +1,9 @@
 """Leave out of the .deb the libraries its Depends already install.
 
 The frozen app carries every library it loads, so that the .run works on any distribution. A .deb
-declares Qt's X11, font and D-Bus libraries in Depends (apt installs them anyway), so its own
+declares Qt's X11, xcb, font, GLib and D-Bus libraries in Depends (apt installs them anyway), so its own
 copies of them, and the libraries only those copies needed (libdbus's systemd, gcrypt, lz4...),
-are dead weight: 1.8 MB of the .deb's xz stream. A library goes when the build machine's dpkg says
+are dead weight: 2.9 MB of the .deb's xz stream. A library goes when the build machine's dpkg says
 a package named in Depends owns a file of that name; then, repeatedly, any library that only the
 removed ones listed as NEEDED. Libraries something opens with dlopen are never candidates: only
 what a removed library needed is.
