@@ -77,7 +77,7 @@ class Transformer:
     def __init__(self, shape: TorchShape, weights: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu", attention_dtype: torch.dtype | None = None) -> None:
         """``attention_dtype``: the KV cache's and attention's (``dtype`` by default). A CPU without
-        native bfloat16 attends in float32 much faster than in bfloat16 (``loader.device_and_dtype``)."""
+        native bfloat16 attends in float32 much faster than in bfloat16 (``loader.attention_dtype``)."""
         self.shape = shape
         self.dtype = dtype
         self.attention_dtype = attention_dtype or dtype
