@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from abi_floor import elf_files  # packaging/, beside this script
+
 
 def depends(control: Path) -> set[str]:
     """Package names in the control file's Depends (versions and alternatives' extras dropped)."""
@@ -45,15 +47,16 @@ def needed(lib: Path) -> set[str]:
 def prune(folder: Path, packages: set[str]) -> list[str]:
     """Remove the libraries directly in ``folder`` that ``packages`` provide, and what only they
     needed; returns the names removed."""
+    folder = folder.resolve()
     libs = {p.name: p for p in folder.iterdir() if p.is_file() and ".so" in p.name}
-    elves = [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and ".so" in p.name]
-    elves += [p for p in folder.parent.iterdir() if p.is_file() and p.stat().st_mode & 0o111]  # the program
+    elves = elf_files(folder.parent)  # the program and everything it carries
     needs = {p: needed(p) for p in elves}
     removed = {name for name in libs if owner(name) in packages}
     while True:
         kept = [p for p in elves if p.name not in removed or p.parent != folder]
         still = set().union(*(needs[p] for p in kept)) if kept else set()
-        orphans = {name for name in set().union(*(needs[libs[r]] for r in removed)) if name in libs} - still - removed
+        wanted = set().union(*(needs.get(libs[r].resolve(), set()) for r in removed))  # by what goes
+        orphans = {name for name in wanted if name in libs} - still - removed
         if not orphans:
             break
         removed |= orphans
