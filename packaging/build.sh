@@ -36,6 +36,9 @@ appstreamcli validate --no-net packaging/linux/io.github.specdeck.SpecDeck.metai
 
 say "the virtual environment (SpecDeck, its portable llama.cpp, the bundled model)"
 bash packaging/dev.sh specdeck --help >/dev/null
+# the Vulkan module the installers carry (built once and cached; the test setup builds it too, but
+# a build on a fresh clone must not depend on the tests having run first)
+bash packaging/gpu_build.sh vulkan .venv/bin/python --install >/dev/null
 .venv/bin/python -m pip install -q "pyinstaller>=6.22,<7"
 
 say "freezing the app (PyInstaller one-folder)"
