@@ -3,8 +3,9 @@
 
 Each field becomes an editor by its type (int: spin box, float: decimal spin box, bool: check box,
 anything else: a line edit, with a "..." file chooser when the field's metadata names a file
-filter, e.g. ``field(default="", metadata={"file": "Datastores (*.sdstore)"})``); the dataclass's own ``__post_init__`` validation decides what is
-accepted, and its message is shown under the form instead of a crash.
+filter, e.g. ``field(default="", metadata={"file": "Datastores (*.sdstore)"})``); a spin box offers
+the field's ``bounded`` range (``backends.core.settings``); the dataclass's own ``__post_init__``
+validation decides what is accepted, and its message is shown under the form instead of a crash.
 
 ``PromptBox`` is a multi-line box that keyboard users can leave: Tab and Shift+Tab move the focus
 as in every other field (a box that took Tab as a character could only be left with the mouse),
@@ -34,6 +35,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backends.core.settings import RANGE
+
 
 class DataclassForm(QWidget):
     changed = Signal()
@@ -47,7 +50,7 @@ class DataclassForm(QWidget):
         hints = typing.get_type_hints(settings_type)
         defaults = settings_type()
         for f in dataclasses.fields(settings_type):
-            editor = self._editor(hints.get(f.name, str), getattr(defaults, f.name))
+            editor = self._editor(hints.get(f.name, str), getattr(defaults, f.name), f.metadata.get(RANGE))
             editor.setObjectName(f"setting_{f.name}")
             self.editors[f.name] = editor
             row = self._with_chooser(editor, f.metadata["file"]) if "file" in f.metadata else editor
@@ -57,7 +60,9 @@ class DataclassForm(QWidget):
         self.error.setStyleSheet("color: #c0392b")
         layout.addRow(self.error)
 
-    def _editor(self, kind: Any, value: Any) -> QWidget:
+    def _editor(self, kind: Any, value: Any, bounds: tuple | None = None) -> QWidget:
+        """``bounds`` (a ``bounded`` field's): the spin box offers that range only."""
+        low, high = (-1_000_000, 1_000_000) if bounds is None else bounds[:2]
         if kind is bool:
             box = QCheckBox()
             box.setChecked(bool(value))
@@ -65,13 +70,13 @@ class DataclassForm(QWidget):
             return box
         if kind is int:
             spin = QSpinBox()
-            spin.setRange(-1_000_000, 1_000_000)
+            spin.setRange(int(max(low, -(1 << 31))), int(min(high, (1 << 31) - 1)))
             spin.setValue(int(value))
             spin.valueChanged.connect(self.changed)
             return spin
         if kind is float:
             dspin = QDoubleSpinBox()
-            dspin.setRange(-1e6, 1e6)
+            dspin.setRange(float(low), float(high))
             dspin.setDecimals(3)
             dspin.setSingleStep(0.05)
             dspin.setValue(float(value))

@@ -35,3 +35,15 @@ def test_one_added_folder_is_exactly_that_folder_after_a_relaunch(qtbot, tmp_pat
         assert again.library.folders == [str(folder)]
     finally:
         close_window(again)
+
+
+def test_a_method_form_offers_only_the_values_its_settings_accept(qapp):
+    from backends.drafters.draft_model import DraftSettings
+    from desktop.forms import DataclassForm
+
+    form = DataclassForm(DraftSettings)
+    spin, dspin = form.editors["max_draft"], form.editors["min_confidence"]
+    assert (spin.minimum(), spin.maximum()) == (1, 32) and (dspin.minimum(), dspin.maximum()) == (0.0, 1.0)
+    spin.setValue(100)  # typed past the bound: held at it, so what the form builds is valid
+    assert DraftSettings(**form.values()).max_draft == 32
+    form.deleteLater()

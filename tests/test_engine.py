@@ -256,7 +256,7 @@ def test_a_draft_that_cannot_pay_stops_being_asked():
     asked = []
     drafter = DraftModelDrafter(OracleTarget(32, seed=1), DraftSettings(), sampling=SamplingSettings(),
                                 target_vocab=32, costs=COSTS, draft_costs=COSTS)
-    choose = drafter.sizer.choose
-    drafter.sizer.choose = lambda *a, **kw: asked.append(1) or choose(*a, **kw)
+    plan = drafter.sizer.plan
+    drafter.sizer.plan = lambda *a, **kw: asked.append(1) or plan(*a, **kw)
     stats = run(OracleTarget(32, seed=0), drafter, [1, 2, 3], GenerationSettings(max_new_tokens=300)).stats
     assert stats.drafted == 0 and 16 <= len(asked) <= 24, len(asked)

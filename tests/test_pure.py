@@ -229,20 +229,20 @@ CHAIN = chain_tree([1, 2, 3, 4], 1.0)
 
 def test_sizer_worked_example():
     c = Sizer(flat([1.0, 1.8, 2.0, 2.1]), max_nodes=3, prior_weight=1e9)
-    assert c.choose(chain_tree([1, 2, 3], 0.9), context=10) == 3
+    assert c.plan(chain_tree([1, 2, 3], 0.9), context=10)[0] == 3
     one = expected_speeds(c.chances(chain_tree([1], 0.9)).tolist(), c.costs.relative(10))
     assert one[1] == pytest.approx(1.9 / 1.8)
     low = Sizer(flat([1.0, 1.8, 2.0, 2.1]), max_nodes=3, prior_weight=1e9, probe_every=1000)
-    assert low.choose(chain_tree([1, 2, 3], 0.3), context=10) == 0
+    assert low.plan(chain_tree([1, 2, 3], 0.3), context=10)[0] == 0
 
 
 def test_sizer_learns_and_stops_drafting():
     c = Sizer(flat([1.0, 1.5, 1.7, 1.9, 2.0]), max_nodes=4, probe_every=5, decay=0.97)
     chain = chain_tree([1, 2, 3, 4], 0.8)
-    assert c.choose(chain, context=10) > 0
+    assert c.plan(chain, context=10)[0] > 0
     for _ in range(30):
         c.update(chain, 4, 0)
-    choices = [c.choose(chain, context=10) for _ in range(10)]
+    choices = [c.plan(chain, context=10)[0] for _ in range(10)]
     assert choices.count(0) == 8 and choices.count(4) == 2  # idle, with a full-length probe every 5 steps
 
 
@@ -252,8 +252,8 @@ def test_sizer_never_drafts_when_nothing_can_pay():
     c = Sizer(flat([1.0, 2.0, 2.3, 2.5]), max_nodes=3, prior_weight=1e9, probe_every=1)
     chain = chain_tree([1, 2, 3], 1.0)
     assert not could_pay([1.0] * 3, c.costs.relative(10), lambda k: 0.9 * k)
-    assert [c.choose(chain, context=10, per_node=0.9) for _ in range(5)] == [0] * 5
-    assert c.choose(chain, context=10) == 3
+    assert [c.plan(chain, context=10, per_node=0.9)[0] for _ in range(5)] == [0] * 5
+    assert c.plan(chain, context=10)[0] == 3
 
 
 def test_sizer_forgets_old_evidence():
@@ -281,8 +281,8 @@ def test_sizer_follows_context_dependent_costs():
     # context and not at a long one
     costs = CostModel({64: [0.010, 0.014, 0.016], 2048: [0.020, 0.050, 0.070]})
     c = Sizer(costs, max_nodes=2, prior_weight=1e9)
-    assert c.choose(chain_tree([1, 2], 0.7), context=64) == 2
-    assert c.choose(chain_tree([1, 2], 0.7), context=2048) == 0
+    assert c.plan(chain_tree([1, 2], 0.7), context=64)[0] == 2
+    assert c.plan(chain_tree([1, 2], 0.7), context=2048)[0] == 0
 
 
 def test_cost_model_interpolates_and_learns():
@@ -520,3 +520,16 @@ def test_kept_states_follow_the_cache_as_the_docstring_says():
         kept.read(2, 6)
     kept.begin_at(9)  # states asked for from 9 on, past the run's end: a new run starts there
     assert (kept.start, kept.end) == (9, 9)
+
+
+def test_settings_bounds_are_declared_once_and_refused_with_the_field_name():
+    from backends.drafters.draft_model import DraftSettings
+    from backends.drafters.rest import RESTSettings
+
+    with pytest.raises(ValueError, match=r"max_nodes must be in 1\.\.64, got 0"):
+        RESTSettings(max_nodes=0)
+    with pytest.raises(ValueError, match=r"min_match \(5\) is above max_match \(3\)"):
+        RESTSettings(min_match=5, max_match=3)
+    with pytest.raises(ValueError, match=r"min_confidence must be in \[0\.0, 1\.0\), got 1\.0"):
+        DraftSettings(min_confidence=1.0)
+    assert DraftSettings(min_confidence=0.0).min_confidence == 0.0 and RESTSettings(samples=65536).samples == 65536

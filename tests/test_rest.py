@@ -125,25 +125,25 @@ def star(probs) -> RankedTree:
 
 def test_sizer_takes_the_best_tree_and_nothing_that_loses():
     flat = Sizer(CostModel.from_relative([1.0] * 17), max_nodes=16)
-    assert flat.choose(star([0.9, 0.5, 0.2, 0.05]), context=10) == 4  # free verification: take every node
+    assert flat.plan(star([0.9, 0.5, 0.2, 0.05]), context=10)[0] == 4  # free verification: take every node
     linear = Sizer(CostModel.from_relative([1 + 0.25 * k for k in range(17)]), max_nodes=16)
     # speeds 1.52, 1.6, 1.57: two nodes
-    assert linear.choose(star([0.9, 0.5, 0.2]), context=10) == 2
+    assert linear.plan(star([0.9, 0.5, 0.2]), context=10)[0] == 2
     cliff = Sizer(CostModel.from_relative([1.0, 1.05, 1.1, 3.0, 3.0]), max_nodes=4)
-    assert cliff.choose(star([0.9, 0.9, 0.9, 0.9]), context=10) == 2
-    assert linear.choose(star([0.1, 0.05]), context=10) == 0  # no size beats plain decoding
+    assert cliff.plan(star([0.9, 0.9, 0.9, 0.9]), context=10)[0] == 2
+    assert linear.plan(star([0.1, 0.05]), context=10)[0] == 0  # no size beats plain decoding
     for probs in ([0.3, 0.1], [0.6, 0.2, 0.2, 0.1], [0.05] * 10):
-        n = linear.choose(star(probs), context=10)
+        n = linear.plan(star(probs), context=10)[0]
         assert n == 0 or expected_speeds(probs, linear.costs.relative(10))[n] > 1.0
 
 
 def test_sizer_calibration_learns_from_outcomes():
     sizer = Sizer(CostModel.from_relative([1.0, 1.3, 1.5]), max_nodes=2)
     tree = RankedTree(np.array([4, 5], np.int32), np.array([-1, 0], np.int32), np.array([0.6, 0.3]))
-    assert sizer.choose(tree, context=1) == 2
+    assert sizer.plan(tree, context=1)[0] == 2
     for _ in range(30):
         sizer.update(tree, 2, 0)  # the datastore keeps being wrong
-    assert sizer.factors(None, 2).max() < 0.2 and sizer.choose(tree, context=1) == 0
+    assert sizer.factors(None, 2).max() < 0.2 and sizer.plan(tree, context=1)[0] == 0
     assert list(sizer.factors("long matches", 2)) == [1.0, 1.0]  # another bucket has learned nothing yet
 
 

@@ -58,14 +58,10 @@ class Sizer:
                 out[i] = min(out[i], out[parent])
         return out
 
-    def choose(self, tree: RankedTree, *, context: int, limit: int | None = None, fixed_cost: float = 0.0,
-               per_node: float = 0.0) -> int:
-        """How many of the first ``limit`` ranked nodes to verify now (0: none)."""
-        return self.plan(tree, context=context, limit=limit, fixed_cost=fixed_cost, per_node=per_node)[0]
-
     def plan(self, tree: RankedTree, *, context: int, limit: int | None = None, fixed_cost: float = 0.0,
              per_node: float = 0.0) -> tuple[int, np.ndarray]:
-        """``choose``'s count and the chances it weighed (what the proposal then carries)."""
+        """How many of the first ``limit`` ranked nodes to verify now (0: none), and the chances it
+        weighed (what the proposal then carries)."""
         chances = self.chances(tree)
         limit = min(len(chances), self.max_nodes, len(chances) if limit is None else limit)
         relative = self.costs.relative(context)
@@ -216,18 +212,8 @@ class Bandit:
         per_try = self._cost[arm] / self._tries[arm]
         return (self._gain[arm] + left * top) / (self._cost[arm] + left * per_try) < 1.0
 
-    def settled(self) -> Hashable:
-        """The arm chosen most often so far (what this machine settled on)."""
-        return max(self.chosen, key=self.chosen.__getitem__) if self.chosen else self.baseline
-
 
 RUN = "run"  # a gate's arm: let the drafter draft (its baseline: draft nothing)
-
-
-def gate_bandit() -> Bandit:
-    """A fresh record for a ``Gate`` (a session keeps one per method, across answers); drafting
-    that pays only in rare runs needs a slow memory (about 100 steps)."""
-    return Bandit([RUN], baseline="off", min_tries=16, decay=0.99)
 
 
 class Gate:
@@ -235,12 +221,14 @@ class Gate:
     drafts this step: one ``Bandit`` arm against drafting nothing, scored per step it drafted as
     tokens over the verify's cost plus its own seconds, in plain forwards. "Cannot pay here" is a
     measurement, not a flag. Per step: ``open`` (False: don't draft), draft, ``close``, ``score``.
+    The ``bandit`` is kept across a session's answers; drafting that pays only in rare runs needs a
+    slow memory (about 100 steps).
     """
 
     def __init__(self, costs: CostModel, *, bandit: Bandit | None = None, adaptive: bool = True,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.costs = costs
-        self.bandit = bandit or gate_bandit()
+        self.bandit = bandit or Bandit([RUN], baseline="off", min_tries=16, decay=0.99)
         self.adaptive = adaptive
         self.clock = clock
         self._ran: float | None = None  # seconds spent drafting this step (None: it did not draft)

@@ -13,15 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, TypeVar
 
 import numpy as np
 
-from backends.core.controller import gate_bandit
+from backends.core.controller import Bandit, Sizer
 from backends.core.costs import CostModel
 from backends.core.planner import could_pay
 from backends.core.errors import SpecDeckError, UnknownMethodError
 from backends.core.protocols import Drafter, Target
+from backends.core.settings import Settings, bounded
 from backends.core.types import (HIDDEN_STATES, LAYER_SKIP, LAYER_STATES, NATIVE_EAGLE3, NATIVE_MTP, ROLLBACK, TREE,
                                  SamplingSettings)
 from backends.drafters.ar import ARDrafter, ARSettings
@@ -178,19 +179,24 @@ class MethodSpec:
         return self.settings_type(**overrides)
 
 
+D = TypeVar("D", bound=Drafter)
+
+
+def _learning(res: DrafterResources, key: Hashable, make: Callable[[Sizer | None, Bandit | None], D]) -> D:
+    """``make(sizer, gate)``: a drafter given the calibration and gate record that ``key``'s drafter
+    learned in the session's earlier answers (None at first: it starts fresh ones), and whose own
+    are kept for the next answer."""
+    drafter = make(res.memory.get((key, "sizer")), res.memory.get((key, "gate")))
+    res.memory[(key, "sizer")], res.memory[(key, "gate")] = drafter.sizer, drafter.gate
+    return drafter
+
+
 def _build_draft(settings: DraftSettings, res: DrafterResources) -> Drafter:
     if res.draft is None:
         raise SpecDeckError("the draft method needs a draft model with the target's vocabulary (--draft-model)")
-    drafter = DraftModelDrafter(
-        res.draft, settings, sampling=res.sampling, target_vocab=res.target_vocab,
-        costs=res.costs(),
-        draft_costs=res.draft_costs(),
-        sizer=res.memory.get(("draft", settings)),
-        gate=res.memory.setdefault(("draft", settings, "gate"), gate_bandit()),
-        stop=res.stop,
-    )
-    res.memory[("draft", settings)] = drafter.sizer  # what it learned carries over to the next answer
-    return drafter
+    return _learning(res, ("draft", settings), lambda sizer, gate: DraftModelDrafter(
+        res.draft, settings, sampling=res.sampling, target_vocab=res.target_vocab, costs=res.costs(),
+        draft_costs=res.draft_costs(), sizer=sizer, gate=gate, stop=res.stop))
 
 
 def _build_self(settings: SelfSettings, res: DrafterResources) -> Drafter:
@@ -202,9 +208,7 @@ def _build_self(settings: SelfSettings, res: DrafterResources) -> Drafter:
 
 
 def _build_pld(settings: PLDSettings, res: DrafterResources) -> Drafter:
-    drafter = PLDDrafter(settings, costs=res.costs(), sizer=res.memory.get(("pld", settings)))
-    res.memory[("pld", settings)] = drafter.sizer  # what it learned carries over to the next answer
-    return drafter
+    return _learning(res, ("pld", settings), lambda sizer, _: PLDDrafter(settings, costs=res.costs(), sizer=sizer))
 
 
 def open_datastore(path: str, res: DrafterResources) -> Datastore:
@@ -225,15 +229,12 @@ def open_datastore(path: str, res: DrafterResources) -> Datastore:
 
 def _build_rest(settings: RESTSettings, res: DrafterResources) -> Drafter:
     store = open_datastore(settings.datastore, res)
-    sizer = res.memory.get(("rest", settings))
     conversation = None
     if settings.conversation:  # its own statistics: how often a chat repeats itself is not pld's business
-        conversation = PLDDrafter(costs=res.costs(), sizer=res.memory.get(("rest", settings, "conversation")))
-        res.memory[("rest", settings, "conversation")] = conversation.sizer
-    gate = res.memory.setdefault(("rest", settings, "gate"), gate_bandit())  # what the datastore paid, kept
-    drafter = RESTDrafter(store, settings, costs=res.costs(), sizer=sizer, conversation=conversation, gate=gate)
-    res.memory[("rest", settings)] = drafter.sizer  # calibration carries over to the next answer
-    return drafter
+        conversation = _learning(res, ("rest", settings, "conversation"),
+                                 lambda sizer, _: PLDDrafter(costs=res.costs(), sizer=sizer))
+    return _learning(res, ("rest", settings), lambda sizer, gate: RESTDrafter(
+        store, settings, costs=res.costs(), sizer=sizer, conversation=conversation, gate=gate))
 
 
 def _build_lookahead(settings: LookaheadSettings, res: DrafterResources) -> Drafter:
@@ -249,10 +250,8 @@ def _build_medusa(settings: MedusaSettings, res: DrafterResources) -> Drafter:
     heads = res.memory.get(("medusa heads", id(head)))
     if heads is None:
         heads = res.memory[("medusa heads", id(head))] = MedusaHeads(head)
-    gate = res.memory.setdefault(("medusa", settings, "gate"), gate_bandit())  # what running the heads paid, kept
-    drafter = MedusaDrafter(heads, settings, costs=res.costs(), sizer=res.memory.get(("medusa", settings)), gate=gate)
-    res.memory[("medusa", settings)] = drafter.sizer  # calibration carries over to the next answer
-    return drafter
+    return _learning(res, ("medusa", settings),
+                     lambda sizer, gate: MedusaDrafter(heads, settings, costs=res.costs(), sizer=sizer, gate=gate))
 
 
 def _eagle_builder(kind: str, make_head: Callable[[HeadFile, Callable], Any]) -> Callable[[EagleSettings, DrafterResources], Drafter]:
@@ -265,10 +264,8 @@ def _eagle_builder(kind: str, make_head: Callable[[HeadFile, Callable], Any]) ->
         layer = res.memory.get((kind, "head", id(head)))
         if layer is None:
             layer = res.memory[(kind, "head", id(head))] = make_head(head, res.embeddings())
-        gate = res.memory.setdefault((kind, settings, "gate"), gate_bandit())  # what running the head paid, kept
-        drafter = EagleDrafter(layer, settings, costs=res.costs(), sizer=res.memory.get((kind, settings)), gate=gate)
-        res.memory[(kind, settings)] = drafter.sizer  # calibration carries over to the next answer
-        return drafter
+        return _learning(res, (kind, settings),
+                         lambda sizer, gate: EagleDrafter(layer, settings, costs=res.costs(), sizer=sizer, gate=gate))
 
     return build
 
@@ -345,15 +342,15 @@ def could_pay_here(name: str, res: DrafterResources) -> bool:
 
 
 @dataclass(frozen=True)
-class ChainHeadSettings:
+class ChainHeadSettings(Settings):
     """A head the backend runs (llama.cpp keeps one chain per sequence): the EAGLE-2 drafter
     expands one node per depth, each offering ``top_k`` children."""
 
-    top_k: int = 4  # children each drafted node offers (siblings are verified too)
-    depth: int = 4  # deepest draft level: every level is one forward of the MTP block
-    max_nodes: int = 16  # most tree nodes verified in one step
-    context_rows: int = 512  # prompt rows the block reads at the start of an answer
-    min_chance: float = 0.05  # draft no deeper once the best path's chance falls below this
+    top_k: int = bounded(4, 1, 16)  # children each drafted node offers (siblings are verified too)
+    depth: int = bounded(4, 1, 16)  # deepest draft level: every level is one forward of the MTP block
+    max_nodes: int = bounded(16, 1, 64)  # most tree nodes verified in one step
+    context_rows: int = bounded(512, 1, 1 << 20)  # prompt rows the block reads at the start of an answer
+    min_chance: float = bounded(0.05, 0.0, 1.0)  # draft no deeper once the best path's chance falls below this
     adaptive: bool = True  # False: always verify max_nodes nodes, run the block every step
 
     def eagle(self) -> EagleSettings:
@@ -374,10 +371,8 @@ class EngineEagle3Settings(ChainHeadSettings):
 
 def _chain_drafter(key: str, head: Any, settings: ChainHeadSettings, res: DrafterResources) -> Drafter:
     """The EAGLE-2 drafter over a head the backend runs; what it learned is kept under ``key``."""
-    gate = res.memory.setdefault((key, settings, "gate"), gate_bandit())  # what running the head paid, kept
-    drafter = EagleDrafter(head, settings.eagle(), costs=res.costs(), sizer=res.memory.get((key, settings)), gate=gate)
-    res.memory[(key, settings)] = drafter.sizer  # calibration carries over to the next answer
-    return drafter
+    return _learning(res, (key, settings), lambda sizer, gate: EagleDrafter(
+        head, settings.eagle(), costs=res.costs(), sizer=sizer, gate=gate))
 
 
 def _build_mtp(settings: MTPSettings, res: DrafterResources) -> Drafter:

@@ -27,6 +27,7 @@ from backends.core.controller import Bandit, Gate, Sizer, chain_tree
 from backends.core.costs import CostModel
 from backends.core.planner import could_pay
 from backends.core.protocols import Drafter, Target
+from backends.core.settings import Settings, bounded
 from backends.core.sampling import make_rng, sample_token, target_distribution
 from backends.core.tree import tree_depths
 from backends.core.types import (EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, RankedTree, SamplingSettings,
@@ -42,19 +43,11 @@ PRIOR = 0.8  # each draft token's chance before anything is learned: a draft of 
 
 
 @dataclass(frozen=True)
-class DraftSettings:
-    max_draft: int = 8  # longest chain drafted in one step
-    min_confidence: float = 0.5  # stop drafting when the draft's top probability is lower
-    tree_width: int = 1  # 1: a chain; k > 1: k - 1 runner-up tokens beside each chain token
+class DraftSettings(Settings):
+    max_draft: int = bounded(8, 1, 32)  # longest chain drafted in one step
+    min_confidence: float = bounded(0.5, 0.0, 1.0, high_open=True)  # stop drafting when the draft's top probability is lower
+    tree_width: int = bounded(1, 1, 8)  # 1: a chain; k > 1: k - 1 runner-up tokens beside each chain token
     adaptive: bool = True  # let the sizer pick the length (False: always up to max_draft)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.max_draft <= 32:
-            raise ValueError(f"max_draft must be in 1..32, got {self.max_draft}")
-        if not 0.0 <= self.min_confidence < 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1), got {self.min_confidence}")
-        if not 1 <= self.tree_width <= 8:
-            raise ValueError(f"tree_width must be in 1..8, got {self.tree_width}")
 
 
 class DraftModelDrafter(Drafter):
@@ -89,7 +82,8 @@ class DraftModelDrafter(Drafter):
         self.draft_costs = draft_costs or CostModel.from_relative([0.5 * c for c in costs.relative(0)])
         # Draft-model guesses cost forwards, so unlike prompt lookup this drafter probes now and then.
         self.sizer = sizer or Sizer(costs, max_nodes=n, decay=0.97, probe_every=16)
-        self.gate = Gate(costs, bandit=gate, adaptive=self.settings.adaptive)
+        self._gate = Gate(costs, bandit=gate, adaptive=self.settings.adaptive)
+        self.gate = self._gate.bandit  # what drafting paid, kept across answers
         self._context_len = 0
         self._pending: list[int] = []
         self._decoded: list[int] = []  # chain tokens decoded into the draft during the last proposal
@@ -116,14 +110,14 @@ class DraftModelDrafter(Drafter):
         self._check_in_step(context)
         self._base = self.draft.n_past
         length = min(self.settings.max_draft, budget.max_depth, budget.max_nodes, self.draft.n_ctx - len(context))
-        if not self.gate.open(length > 0):
+        if not self._gate.open(length > 0):
             if length > 0 and not self.declined:
                 self.declined = "drafting lost to plain decoding here lately (it is re-tried now and then)"
             return EMPTY_PROPOSAL
         if self.settings.adaptive:
             length = self._choose_length(length, len(context), steps_left=budget.max_depth)
         proposal = self._draft_tree(self._catch_up(), list(context), length, budget.max_nodes) if length else EMPTY_PROPOSAL
-        self.gate.close()
+        self._gate.close()
         return proposal
 
     @staticmethod
@@ -154,7 +148,7 @@ class DraftModelDrafter(Drafter):
         one_off = self.draft_costs.batch_seconds(n, context) / target_s - steady
         horizon = max(1, min(ONE_OFF_STEPS, steps_left))
         fixed = steady - per_token + one_off / horizon
-        length = self.sizer.choose(self._chain(available), context=context, fixed_cost=fixed, per_node=per_token)
+        length = self.sizer.plan(self._chain(available), context=context, fixed_cost=fixed, per_node=per_token)[0]
         if length == 0 and not could_pay([1.0] * available, self.sizer.costs.relative(context),
                                          lambda k: fixed + k * per_token):
             self.declined = f"drafting would not pay here: a draft token costs {per_token:.2f}x a target forward"
@@ -211,7 +205,7 @@ class DraftModelDrafter(Drafter):
         if self._off:
             return
         self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
-        self.gate.score(verdict, self._context_len)
+        self._gate.score(verdict, self._context_len)
         if verdict.drafted:
             self.sizer.update(self._chain(verdict.draft_depth), verdict.draft_depth, verdict.accepted)
         accepted = list(verdict.tokens[:-1])

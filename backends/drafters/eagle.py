@@ -39,6 +39,7 @@ from backends.core.controller import Bandit, Sizer, TreeSteps
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
+from backends.core.settings import Settings, bounded
 from backends.core.timing import median_seconds
 from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, LAYER_STATES, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput,
                                  Verdict)
@@ -48,22 +49,15 @@ CATCH_UP_CHUNK = 128  # rows the head takes in one forward while catching up
 
 
 @dataclass(frozen=True)
-class EagleSettings:
+class EagleSettings(Settings):
     head: str = ""  # a head file (.json) from `specdeck train eagle`; empty: the one found for the model
-    top_k: int = 4  # children each expanded node offers
-    expand: int = 4  # nodes expanded per depth
-    depth: int = 5  # deepest draft level
-    max_nodes: int = 24  # most tree nodes verified in one step
-    context_rows: int = 512  # prompt rows the head reads at the start of an answer (its training window)
-    min_chance: float = 0.05  # grow no deeper once the best path's chance falls below this
+    top_k: int = bounded(4, 1, 16)  # children each expanded node offers
+    expand: int = bounded(4, 1, 16)  # nodes expanded per depth
+    depth: int = bounded(5, 1, 16)  # deepest draft level
+    max_nodes: int = bounded(24, 1, 64)  # most tree nodes verified in one step
+    context_rows: int = bounded(512, 1, 1 << 20)  # prompt rows the head reads at the start of an answer (its training window)
+    min_chance: float = bounded(0.05, 0.0, 1.0)  # grow no deeper once the best path's chance falls below this
     adaptive: bool = True  # False: always verify max_nodes nodes, run the head every step
-
-    def __post_init__(self) -> None:
-        for name, low, high in (("top_k", 1, 16), ("expand", 1, 16), ("depth", 1, 16), ("max_nodes", 1, 64),
-                                ("context_rows", 1, 1 << 20), ("min_chance", 0.0, 1.0)):
-            value = getattr(self, name)
-            if not low <= value <= high:
-                raise ValueError(f"{name} must be in {low}..{high}, got {value}")
 
 
 @dataclass

@@ -41,29 +41,23 @@ from backends.core.controller import Bandit
 from backends.core.planner import cost_at
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
+from backends.core.settings import Settings, bounded
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.merge import merge
 
 
 @dataclass(frozen=True)
-class LookaheadSettings:
-    window: int = 4  # W: Jacobi guesses verified per step (the lookahead branch)
-    ngram: int = 3  # N: n-gram length; a candidate drafts N - 1 tokens
-    guesses: int = 3  # G: most pool candidates verified per step
-    pool_per_token: int = 8  # most continuations kept per starting token (newest win)
+class LookaheadSettings(Settings):
+    window: int = bounded(4, 0, 16)  # W: Jacobi guesses verified per step (the lookahead branch)
+    ngram: int = bounded(3, 2, 8)  # N: n-gram length; a candidate drafts N - 1 tokens
+    guesses: int = bounded(3, 0, 16)  # G: most pool candidates verified per step
+    pool_per_token: int = bounded(8, 1, 64)  # most continuations kept per starting token (newest win)
     adaptive: bool = True  # let the bandit pick W and G (up to the values above) by measured speed
 
     def __post_init__(self) -> None:
-        if not 0 <= self.window <= 16:
-            raise ValueError(f"window (W) must be in 0..16, got {self.window}")
-        if not 2 <= self.ngram <= 8:
-            raise ValueError(f"ngram (N) must be in 2..8, got {self.ngram}")
-        if not 0 <= self.guesses <= 16:
-            raise ValueError(f"guesses (G) must be in 0..16, got {self.guesses}")
+        super().__post_init__()
         if self.window == 0 and self.guesses == 0:
             raise ValueError("window and guesses are both 0: lookahead would never draft")
-        if not 1 <= self.pool_per_token <= 64:
-            raise ValueError(f"pool_per_token must be in 1..64, got {self.pool_per_token}")
 
 
 class NgramPool:
@@ -123,6 +117,10 @@ class ShapeBandit(Bandit):
     @property
     def shapes(self) -> list[tuple[int, int]]:
         return self.arms
+
+    def settled(self) -> tuple[int, int]:
+        """The shape chosen most often so far (what this machine settled on)."""
+        return max(self.chosen, key=self.chosen.__getitem__) if self.chosen else self.baseline
 
 
 def default_shapes(settings: LookaheadSettings) -> list[tuple[int, int]]:

@@ -34,23 +34,18 @@ from backends.core.controller import Bandit, Sizer, TreeSteps
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
+from backends.core.settings import Settings, bounded
 from backends.core.timing import median_seconds
 from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput,
                                  Verdict)
 from backends.heads.medusa import MedusaHeads
 
 @dataclass(frozen=True)
-class MedusaSettings:
+class MedusaSettings(Settings):
     head: str = ""  # a head file (.json) from `specdeck train medusa`; empty: the one found for the model
-    width: int = 3  # candidates per head (1: a chain)
-    max_nodes: int = 24  # most tree nodes verified in one step
+    width: int = bounded(3, 1, 16)  # candidates per head (1: a chain)
+    max_nodes: int = bounded(24, 1, 64)  # most tree nodes verified in one step
     adaptive: bool = True  # False: always verify max_nodes nodes
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.width <= 16:
-            raise ValueError(f"width must be in 1..16, got {self.width}")
-        if not 1 <= self.max_nodes <= 64:
-            raise ValueError(f"max_nodes must be in 1..64, got {self.max_nodes}")
 
 
 def rank_medusa(ids: np.ndarray, probs: np.ndarray, *, max_nodes: int, max_depth: int) -> RankedTree:

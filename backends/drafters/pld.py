@@ -15,24 +15,24 @@ from typing import Sequence
 
 import numpy as np
 
-from backends.core.controller import Ledger, Sizer, chain_tree, length_class
+from backends.core.controller import Bandit, Ledger, Sizer, chain_tree, length_class
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
+from backends.core.settings import Settings, bounded
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, Budget, Proposal, TargetOutput, Verdict
 
 
 @dataclass(frozen=True)
-class PLDSettings:
-    max_ngram: int = 3  # longest suffix looked up
-    min_ngram: int = 1  # shortest suffix that may still match
-    max_draft: int = 8  # most tokens proposed in one step
+class PLDSettings(Settings):
+    max_ngram: int = bounded(3, 1, 16)  # longest suffix looked up
+    min_ngram: int = bounded(1, 1, 16)  # shortest suffix that may still match
+    max_draft: int = bounded(8, 1, 64)  # most tokens proposed in one step
     adaptive: bool = True  # let the sizer pick the length (False: always propose max_draft)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_ngram <= self.max_ngram <= 16:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram <= 16, got {self.min_ngram}, {self.max_ngram}")
-        if not 1 <= self.max_draft <= 64:
-            raise ValueError(f"max_draft must be in 1..64, got {self.max_draft}")
+        super().__post_init__()
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram ({self.min_ngram}) is above max_ngram ({self.max_ngram})")
 
 
 MAX_SPAN = 32
@@ -114,6 +114,7 @@ class PLDDrafter(Drafter):
     """
 
     requires: frozenset[str] = frozenset({ROLLBACK})  # a rejected guess must leave the cache
+    gate: Bandit | None = None  # none: a lookup costs microseconds, so every step makes one
 
     @staticmethod
     def pool_bytes(n_ctx: int, max_ngram: int = PLDSettings.max_ngram) -> int:

@@ -19,31 +19,27 @@ import numpy as np
 from backends.core.controller import Bandit, Sizer, TreeSteps, length_class
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter
+from backends.core.settings import Settings, bounded
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput, Verdict
 from backends.drafters.pld import PLDDrafter
 from backends.models.datastore import DATASTORE_FILE, Continuations, Datastore
 
 
 @dataclass(frozen=True)
-class RESTSettings:
+class RESTSettings(Settings):
     datastore: str = field(default="", metadata=DATASTORE_FILE)  # a file from `specdeck datastore build`
-    max_nodes: int = 16  # most tree nodes verified in one step
-    max_depth: int = 8  # deepest continuation read
-    max_match: int = 16  # longest context suffix looked up
-    min_match: int = 2  # shortest suffix that may still match (one token matches too much)
-    samples: int = 256  # occurrences read per lookup, evenly spaced
+    max_nodes: int = bounded(16, 1, 64)  # most tree nodes verified in one step
+    max_depth: int = bounded(8, 1, 32)  # deepest continuation read
+    max_match: int = bounded(16, 1, 64)  # longest context suffix looked up
+    min_match: int = bounded(2, 1, 64)  # shortest suffix that may still match (one token matches too much)
+    samples: int = bounded(256, 1, 65536)  # occurrences read per lookup, evenly spaced
     adaptive: bool = True  # False: always verify max_nodes nodes of the datastore's tree
     conversation: bool = True  # also draft from the prompt and answer so far, before the datastore
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_nodes <= 64:
-            raise ValueError(f"max_nodes must be in 1..64, got {self.max_nodes}")
-        if not 1 <= self.max_depth <= 32:
-            raise ValueError(f"max_depth must be in 1..32, got {self.max_depth}")
-        if not 1 <= self.min_match <= self.max_match <= 64:
-            raise ValueError(f"need 1 <= min_match <= max_match <= 64, got {self.min_match}, {self.max_match}")
-        if not 1 <= self.samples <= 65536:
-            raise ValueError(f"samples must be in 1..65536, got {self.samples}")
+        super().__post_init__()
+        if self.min_match > self.max_match:
+            raise ValueError(f"min_match ({self.min_match}) is above max_match ({self.max_match})")
 
 
 class RESTDrafter(Drafter):

@@ -30,6 +30,7 @@ import numpy as np
 
 from backends.core.costs import CostModel
 from backends.core.protocols import Drafter, Target
+from backends.core.settings import Settings, bounded
 from backends.core.types import EMPTY_PROPOSAL, LAYER_SKIP, ROLLBACK, Budget, Proposal, SamplingSettings, TargetOutput, Verdict
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.models.paths import write_atomic
@@ -40,21 +41,16 @@ STOP_AGREEMENT = 0.2  # leaving out more layers only lowers agreement: the searc
 
 
 @dataclass(frozen=True)
-class SelfSettings:
-    max_draft: int = 8  # longest chain drafted in one step
-    min_confidence: float = 0.5  # stop drafting when the partial model's top probability is lower
+class SelfSettings(Settings):
+    max_draft: int = bounded(8, 1, 32)  # longest chain drafted in one step
+    min_confidence: float = bounded(0.5, 0.0, 1.0, high_open=True)  # stop drafting when the partial model's top probability is lower
     adaptive: bool = True  # let the sizer pick the length (False: always up to max_draft)
     skip: str = ""  # layers to leave out, e.g. "3,5,8"; empty: searched on this machine
-    probe_tokens: int = 64  # tokens of text the search scores each candidate on
-    recheck: float = 0.6  # search again when acceptance falls below this fraction of the searched agreement
+    probe_tokens: int = bounded(64, 16, 256)  # tokens of text the search scores each candidate on
+    recheck: float = bounded(0.6, 0.0, 1.0, low_open=True)  # search again when acceptance falls below this fraction of the searched agreement
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_draft <= 32:
-            raise ValueError(f"max_draft must be in 1..32, got {self.max_draft}")
-        if not 16 <= self.probe_tokens <= 256:
-            raise ValueError(f"probe_tokens must be in 16..256, got {self.probe_tokens}")
-        if not 0.0 < self.recheck <= 1.0:
-            raise ValueError(f"recheck must be in (0, 1], got {self.recheck}")
+        super().__post_init__()
         try:
             self.layers
         except ValueError:
