@@ -10,6 +10,10 @@ sliding-window layer also hides keys more than its window behind the query (``ke
 
 Arithmetic follows the Hugging Face reference of each family (norms in float32, then the model's
 dtype), so that fp32 logits match transformers' within rounding (tests/test_torch_backend.py).
+Two liberties make a forward fewer operations (on a CPU a small model's token is mostly torch's
+per-operation overhead: SmolLM2-135M runs about 1,800 of them a token): each head's q and k rows
+are stored in rotary pairs, so both rotate as one complex product in float32, and a layer's
+weights are looked up once, not by name per forward.
 """
 
 from __future__ import annotations
@@ -57,18 +61,44 @@ class KVCache:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool) -> torch.Tensor:
-    """RMS norm in float32; llama casts back before the weight, gemma after (as their references)."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    if gemma:
-        return (h * weight.float()).to(x.dtype)
-    return weight * h.to(x.dtype)
+    """RMS norm over the last dimension, computed in float32 (torch's kernel upcasts half precision);
+    llama rounds to the model's dtype before the weight, gemma after (as their references), whose
+    norm weights are float32. ``weight`` broadcasts (a per-head norm: [heads, hd])."""
+    h = F.rms_norm(x.float() if gemma else x, x.shape[-1:], eps=eps)
+    return (h * weight).to(x.dtype)
 
 
-def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate halves ("neox" order): x [heads, n, hd], cos/sin [n, hd / 2]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def rotary(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
+    """Rotate x [n, heads, hd] (float32, each head's dimensions in rotary pairs: ``pair_rows``) by
+    ``turns`` [n, hd / 2] complex: the pair (a, b) becomes (a cos - b sin, a sin + b cos)."""
+    n, heads, hd = x.shape
+    pairs = torch.view_as_complex(x.view(n, heads, hd // 2, 2))
+    return torch.view_as_real(pairs * turns[:, None]).view(n, heads, hd)
+
+
+def pair_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rows of a q or k projection [heads hd, ...] from halves order (Hugging Face: dimension ``j``
+    turns with ``j + hd / 2``) into pairs (``2j`` with ``2j + 1``), per head. Applied to q and k
+    alike it leaves every q.k product, so attention, unchanged."""
+    half = head_dim // 2
+    order = torch.arange(head_dim).view(2, half).T.reshape(-1)  # 0, half, 1, half + 1, ...
+    return w.view(-1, head_dim, *w.shape[1:])[:, order].reshape(w.shape)
+
+
+@dataclass
+class Layer:
+    """One block's weights, looked up once; q and k rows in rotary pairs (``pair_rows``)."""
+
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor  # [(H + 2 Hkv) hd, d]: q, k and v stacked (one matrix product)
+    bqkv: torch.Tensor | None
+    qk_norm: torch.Tensor | None  # [H + Hkv, hd]: q's per-head norm for each query head, then k's
+    wo: torch.Tensor
+    ffn_norm: torch.Tensor
+    w_gate_up: torch.Tensor  # [2 ff, d]: gate and up stacked
+    w_down: torch.Tensor
+    post_attn_norm: torch.Tensor | None  # gemma's norms after attention and the MLP
+    post_ffn_norm: torch.Tensor | None
 
 
 class Transformer:
@@ -86,22 +116,29 @@ class Transformer:
         self.w = {k: v.to(device=self.device, dtype=norm_dtype if k.endswith("norm") else dtype).contiguous()
                   for k, v in weights.items()}
         self.w.setdefault("output", self.w["embed"])
-        for i in range(shape.n_layer):
-            self._fuse(i)
+        self.layers = [self._layer(i) for i in range(shape.n_layer)]
         self._inv_freq = {theta: self._frequencies(theta) for theta in {shape.theta(i) for i in range(shape.n_layer)}}
 
-    def _fuse(self, i: int) -> None:
-        """Stack layer ``i``'s matrices that read the same input (q, k and v; gate and up) into one,
-        so each takes one matrix product a forward instead of two or three (a bias missing beside
-        present ones becomes zeros)."""
-        w = self.w
+    def _layer(self, i: int) -> Layer:
+        """Layer ``i``'s weights, taken out of ``self.w``: matrices that read the same input (q, k
+        and v; gate and up) stacked into one, so each takes one matrix product a forward instead of
+        two or three (a bias missing beside present ones becomes zeros); q's and k's rows, biases
+        and norms in rotary pairs."""
+        s, w, hd = self.shape, self.w, self.shape.head_dim
         mats = [w.pop(f"{i}.w{x}") for x in "qkv"]
         biases = [w.pop(f"{i}.b{x}", None) for x in "qkv"]
-        w[f"{i}.wqkv"] = torch.cat(mats)
+        bias = None
         if any(b is not None for b in biases):
-            w[f"{i}.bqkv"] = torch.cat([torch.zeros(len(m), dtype=m.dtype, device=m.device) if b is None else b
-                                        for m, b in zip(mats, biases)])
-        w[f"{i}.w_gate_up"] = torch.cat([w.pop(f"{i}.w_gate"), w.pop(f"{i}.w_up")])
+            bias = [torch.zeros(len(m), dtype=m.dtype, device=m.device) if b is None else b for m, b in zip(mats, biases)]
+            bias = torch.cat([pair_rows(bias[0], hd), pair_rows(bias[1], hd), bias[2]])
+        qk_norm = None
+        if f"{i}.q_norm" in w:
+            q_norm, k_norm = pair_rows(w.pop(f"{i}.q_norm"), hd), pair_rows(w.pop(f"{i}.k_norm"), hd)
+            qk_norm = torch.cat([q_norm.expand(s.n_head, hd), k_norm.expand(s.n_kv, hd)])
+        return Layer(w.pop(f"{i}.attn_norm"), torch.cat([pair_rows(mats[0], hd), pair_rows(mats[1], hd), mats[2]]),
+                     bias, qk_norm, w.pop(f"{i}.wo"), w.pop(f"{i}.ffn_norm"),
+                     torch.cat([w.pop(f"{i}.w_gate"), w.pop(f"{i}.w_up")]), w.pop(f"{i}.w_down"),
+                     w.pop(f"{i}.post_attn_norm", None), w.pop(f"{i}.post_ffn_norm", None))
 
     def _frequencies(self, theta: float) -> torch.Tensor:
         hd = self.shape.head_dim
@@ -114,17 +151,17 @@ class Transformer:
     def layer_share(self) -> float:
         """The blocks' share of a one-token forward's weights (the rest: embedding row, output layer);
         what skipping a layer saves is about this over ``n_layer``."""
-        body = sum(v.numel() for k, v in self.w.items() if k[0].isdigit())
+        body = sum(t.numel() for layer in self.layers for t in vars(layer).values() if t is not None)
         return body / (body + self.w["output"].numel())
 
-    def _angles(self, layer: int, positions: torch.Tensor, known: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotary cos and sin [n, hd / 2] for a layer's frequencies, computed once per forward for
-        all layers that share them (``known``)."""
+    def _turns(self, layer: int, positions: torch.Tensor, known: dict) -> torch.Tensor:
+        """Rotary turns cos + i sin [n, hd / 2] for a layer's frequencies, computed once per
+        forward for all layers that share them (``known``)."""
         s = self.shape
         key = (s.theta(layer), s.rope_linear if not s.window(layer) else 1.0)
         if key not in known:
-            freqs = positions.float()[:, None] / key[1] * self._inv_freq[key[0]][None, :]  # [n, hd / 2]
-            known[key] = freqs.cos().to(self.dtype), freqs.sin().to(self.dtype)
+            angles = positions.float()[:, None] / key[1] * self._inv_freq[key[0]][None, :]  # [n, hd / 2]
+            known[key] = torch.polar(torch.ones_like(angles), angles)
         return known[key]
 
     @torch.inference_mode()
@@ -145,68 +182,61 @@ class Transformer:
             x = x * torch.tensor(s.embed_scale, dtype=self.dtype)
         taken: dict[int, torch.Tensor] = {}
         masks: dict[int, torch.Tensor] = {}
-        angles: dict = {}
+        turns: dict = {}
         for i in range(s.n_layer) if layers is None else layers:
             if i in states:
                 taken[i] = x.float()
             window = s.window(i)
             if window not in masks:
-                masks[window] = mask if not window else mask & (positions[:, None] - keys[None, :] < window)
-            x = self._block(i, x, self._angles(i, positions, angles), cache, start=start, mask=masks[window])
+                allowed = mask if not window else mask & (positions[:, None] - keys[None, :] < window)
+                # additive, made once: attention would turn a boolean mask into this in every layer
+                masks[window] = torch.zeros(allowed.shape, dtype=self.attention_dtype, device=self.device).masked_fill_(
+                    ~allowed, float("-inf"))[None, None]
+            x = self._block(i, x, self._turns(i, positions, turns), cache, start=start, mask=masks[window])
         x = rms_norm(x, w["norm"], s.norm_eps, gemma=s.gemma)
         if FINAL_STATE in states:
             taken[FINAL_STATE] = x.float()
         out = None
         if logits_rows is None or len(logits_rows):
             rows = x if logits_rows is None else x[logits_rows]
-            out = (rows @ w["output"].T).float()  # [rows, vocab]
+            out = F.linear(rows, w["output"]).float()  # [rows, vocab]
         hidden = torch.cat([taken[il] for il in states], dim=1) if states else None
         return out, hidden
 
-    def _block(self, i: int, x: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor], cache: KVCache, *,
-               start: int, mask: torch.Tensor) -> torch.Tensor:
-        s, w = self.shape, self.w
-        h = rms_norm(x, w[f"{i}.attn_norm"], s.norm_eps, gemma=s.gemma)
-        h = self._attention(i, h, angles, cache, start=start, mask=mask)
-        if s.gemma:
-            h = rms_norm(h, w[f"{i}.post_attn_norm"], s.norm_eps, gemma=True)
+    def _block(self, i: int, x: torch.Tensor, turns: torch.Tensor, cache: KVCache, *, start: int,
+               mask: torch.Tensor) -> torch.Tensor:
+        s, w = self.shape, self.layers[i]
+        h = rms_norm(x, w.attn_norm, s.norm_eps, gemma=s.gemma)
+        h = self._attention(i, h, turns, cache, start=start, mask=mask)
+        if w.post_attn_norm is not None:
+            h = rms_norm(h, w.post_attn_norm, s.norm_eps, gemma=True)
         x = x + h
-        h = rms_norm(x, w[f"{i}.ffn_norm"], s.norm_eps, gemma=s.gemma)
-        gate, up = (h @ w[f"{i}.w_gate_up"].T).chunk(2, dim=-1)
+        h = rms_norm(x, w.ffn_norm, s.norm_eps, gemma=s.gemma)
+        gate, up = F.linear(h, w.w_gate_up).chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if s.gemma else F.silu(gate)
-        h = (gate * up) @ w[f"{i}.w_down"].T
-        if s.gemma:
-            h = rms_norm(h, w[f"{i}.post_ffn_norm"], s.norm_eps, gemma=True)
+        h = F.linear(gate * up, w.w_down)
+        if w.post_ffn_norm is not None:
+            h = rms_norm(h, w.post_ffn_norm, s.norm_eps, gemma=True)
         return x + h
 
-    def _project(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [H, n, hd], k and v [Hkv, n, hd] of ``h`` [n, d], with the biases and per-head norms the
-        file has."""
-        s, w = self.shape, self.w
-        y = h @ w[f"{i}.wqkv"].T  # [n, (H + 2 Hkv) hd]
-        bias = w.get(f"{i}.bqkv")
-        if bias is not None:
-            y = y + bias
-        n = len(h)
-        q, k, v = y.split([s.n_head * s.head_dim, s.n_kv * s.head_dim, s.n_kv * s.head_dim], dim=-1)
-        q, k, v = q.view(n, s.n_head, s.head_dim), k.view(n, s.n_kv, s.head_dim), v.view(n, s.n_kv, s.head_dim)
-        if f"{i}.q_norm" in w:
-            q = rms_norm(q, w[f"{i}.q_norm"], s.norm_eps, gemma=s.gemma)
-        if f"{i}.k_norm" in w:
-            k = rms_norm(k, w[f"{i}.k_norm"], s.norm_eps, gemma=s.gemma)
-        return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-
-    def _attention(self, i: int, h: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor], cache: KVCache, *,
-                   start: int, mask: torch.Tensor) -> torch.Tensor:
-        s = self.shape
-        n = len(h)
-        q, k, v = self._project(i, h)
-        q, k = rotary(q, *angles), rotary(k, *angles)  # [H, n, hd], [Hkv, n, hd]
+    def _attention(self, i: int, h: torch.Tensor, turns: torch.Tensor, cache: KVCache, *, start: int,
+                   mask: torch.Tensor) -> torch.Tensor:
+        """Attention of ``h`` [n, d] over the cache's slots ``0 .. start + n - 1``, writing its own
+        keys and values into ``start ..``. q and k take the biases and per-head norms the file has
+        and rotate together, in float32 (a CPU without native bfloat16 attends in float32 anyway)."""
+        s, w = self.shape, self.layers[i]
+        n, heads = len(h), s.n_head + s.n_kv
+        y = F.linear(h, w.wqkv, w.bqkv)  # [n, (H + 2 Hkv) hd]
+        qk, v = y.split([heads * s.head_dim, s.n_kv * s.head_dim], dim=-1)
+        qk = qk.reshape(n, heads, s.head_dim)
+        if w.qk_norm is not None:
+            qk = rms_norm(qk, w.qk_norm, s.norm_eps, gemma=s.gemma)
+        qk = rotary(qk.float(), turns).transpose(0, 1)  # [H + Hkv, n, hd]
         r = cache.rows[i]
-        cache.k[r, :, start : start + n] = k
-        cache.v[r, :, start : start + n] = v
+        cache.k[r, :, start : start + n] = qk[s.n_head :]
+        cache.v[r, :, start : start + n] = v.view(n, s.n_kv, s.head_dim).transpose(0, 1)
         keys, values = cache.k[r, :, : start + n], cache.v[r, :, : start + n]  # [Hkv, start + n, hd]
-        out = F.scaled_dot_product_attention(q[None].to(keys.dtype), keys[None], values[None],
-                                             attn_mask=mask[None, None], scale=s.scale,
+        out = F.scaled_dot_product_attention(qk[None, : s.n_head].to(keys.dtype), keys[None], values[None],
+                                             attn_mask=mask, scale=s.scale,
                                              enable_gqa=s.n_kv != s.n_head)  # [1, H, n, hd]
-        return out[0].transpose(0, 1).reshape(n, s.n_head * s.head_dim).to(self.dtype) @ self.w[f"{i}.wo"].T
+        return F.linear(out[0].transpose(0, 1).reshape(n, s.n_head * s.head_dim).to(self.dtype), w.wo)
