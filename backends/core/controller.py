@@ -1,7 +1,7 @@
 """Where the planner's per-node chances come from, and whether to draft at all (README: "How
 SpecDeck decides how much to verify"): ``Sizer`` calibrates a drafter's raw estimates on what was
 accepted, ``Ledger`` scores guesses that were not verified, ``Bandit`` learns a choice from measured
-speed (per step in ``Gate``, per answer in ``auto``). Counts forget exponentially, so they follow a
+speed (per step in ``TreeSteps``, per answer in ``auto``). Counts forget exponentially, so they follow a
 text that changes character halfway.
 """
 
@@ -213,79 +213,56 @@ class Bandit:
         return (self._gain[arm] + left * top) / (self._cost[arm] + left * per_try) < 1.0
 
 
-RUN = "run"  # a gate's arm: let the drafter draft (its baseline: draft nothing)
-
-
-class Gate:
-    """Whether a drafter whose drafting costs time (a lookup, a head's or draft model's forwards)
-    drafts this step: one ``Bandit`` arm against drafting nothing, scored per step it drafted as
-    tokens over the verify's cost plus its own seconds, in plain forwards. "Cannot pay here" is a
-    measurement, not a flag. Per step: ``open`` (False: don't draft), draft, ``close``, ``score``.
-    The ``bandit`` is kept across a session's answers; drafting that pays only in rare runs needs a
-    slow memory (about 100 steps).
-    """
-
-    def __init__(self, costs: CostModel, *, bandit: Bandit | None = None, adaptive: bool = True,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        self.costs = costs
-        self.bandit = bandit or Bandit([RUN], baseline="off", min_tries=16, decay=0.99)
-        self.adaptive = adaptive
-        self.clock = clock
-        self._ran: float | None = None  # seconds spent drafting this step (None: it did not draft)
-        self._start = 0.0
-
-    def open(self, ready: bool = True) -> bool:
-        """Whether to draft now (``ready``: the drafter has what it needs); the clock starts."""
-        self._ran = None
-        if not ready or (self.adaptive and self.bandit.choose() != RUN):
-            return False
-        self._ran, self._start = 0.0, self.clock()
-        return True
-
-    def close(self) -> None:
-        """Drafting is done for this step: the clock stops."""
-        if self._ran is not None:
-            self._ran += self.clock() - self._start
-
-    def score(self, verdict: Verdict, context: int) -> None:
-        """Book a step that drafted: what its own nodes won, over their verify and its time."""
-        if self._ran is None:
-            return
-        one = self.costs.seconds(0, context)
-        cost = cost_at(self.costs.relative(context), verdict.drafted) + (self._ran / one if one > 0 else 0.0)
-        self.bandit.update(RUN, verdict.accepted + 1, cost)
-        self._ran = None
+RUN = "run"  # the gate's arm: let the drafter draft (its baseline: draft nothing)
 
 
 class TreeSteps:
-    """Around a drafter that ranks trees at a cost (REST, trained heads): its ``Gate``, ``Sizer``
-    and a ``Ledger`` for withheld trees. Per step: ``open``, rank, ``propose(tree)``, ``observe``."""
+    """Around a drafter whose drafting costs time (a lookup, a head's or a draft model's forwards):
+    whether it drafts this step, how much of its ranked tree to verify, and what both teach.
+
+    Whether: the ``gate``, one ``Bandit`` arm against drafting nothing, scored per step drafted as
+    tokens over the verify's cost plus the drafter's own seconds, in plain forwards, so "cannot pay
+    here" is a measurement, not a flag; kept across a session's answers with a slow memory (about
+    100 steps: drafting that pays only in rare runs). How much: the ``sizer``; a withheld tree goes
+    to a ``Ledger``. Per step: ``open`` (False: don't draft), rank, ``propose(tree)``, ``observe``;
+    a drafter that sizes before it drafts (a draft model) calls ``drafted`` instead of ``propose``.
+    """
 
     def __init__(self, costs: CostModel, *, max_nodes: int, adaptive: bool, prior: float = 0.7,
                  sizer: Sizer | None = None, gate: Bandit | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.sizer = sizer or Sizer(costs, max_nodes=max_nodes, prior=prior)
-        self.gate = Gate(costs, bandit=gate, adaptive=adaptive, clock=clock)
-        self.adaptive = adaptive
+        self.gate = gate or Bandit([RUN], baseline="off", min_tries=16, decay=0.99)
+        self.costs, self.adaptive, self.clock = self.sizer.costs, adaptive, clock
         self.begin()
 
     def begin(self) -> None:
         self._ledger = Ledger()
         self._verified: tuple[RankedTree, int] | None = None  # this step's tree and how many nodes went
         self._context_len = 0
+        self._ran: float | None = None  # seconds spent drafting this step (None: it did not draft)
+        self._start = 0.0
 
     def open(self, context: Sequence[int], budget: Budget, *, ready: bool = True) -> bool:
         """A step starts: settle withheld trees; whether to draft now (``ready``: the drafter has
-        what it reads this step)."""
+        what it reads this step); if so the clock starts."""
         self._context_len = len(context)
-        self._verified = None
+        self._verified = self._ran = None
         for _, matched, tree in self._ledger.resolve(context):
             self.sizer.update(tree, len(tree.tokens), matched)
-        return self.gate.open(ready and budget.max_nodes > 0 and budget.max_depth > 0)
+        if not (ready and budget.max_nodes > 0 and budget.max_depth > 0) or (self.adaptive and self.gate.choose() != RUN):
+            return False
+        self._ran, self._start = 0.0, self.clock()
+        return True
+
+    def drafted(self) -> None:
+        """Drafting is done for this step: the clock stops."""
+        if self._ran is not None:
+            self._ran += self.clock() - self._start
 
     def propose(self, tree: RankedTree) -> Proposal:
         """``tree`` ranked best first: the prefix worth verifying (or nothing, and the ledger)."""
-        self.gate.close()
+        self.drafted()
         if self.adaptive:
             n, chances = self.sizer.plan(tree, context=self._context_len)
         else:
@@ -297,7 +274,13 @@ class TreeSteps:
         return tree.proposal(n, chances)
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
-        self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
+        """The verify's time goes to the cost model; the sizer learns what its nodes won, the gate
+        what the step paid (what its own nodes won, over their verify and the drafting time)."""
+        self.costs.observe(verdict.drafted, self._context_len, out.seconds)
         if verdict.drafted and self._verified is not None:
             self.sizer.update(*self._verified, verdict.accepted)
-        self.gate.score(verdict, self._context_len)
+        if self._ran is not None:
+            one = self.costs.seconds(0, self._context_len)
+            cost = cost_at(self.costs.relative(self._context_len), verdict.drafted) + (self._ran / one if one > 0 else 0.0)
+            self.gate.update(RUN, verdict.accepted + 1, cost)
+            self._ran = None

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import Bandit, Gate, Sizer, chain_tree
+from backends.core.controller import Bandit, Sizer, TreeSteps, chain_tree
 from backends.core.costs import CostModel
 from backends.core.planner import could_pay
 from backends.core.protocols import Drafter, Target
@@ -51,8 +51,8 @@ class DraftSettings(Settings):
 
 
 class DraftModelDrafter(Drafter):
-    """Drafts chains (with runner-up leaves) with the draft model, whenever its ``Gate`` measured
-    that drafting pays here and the sizer finds a length that does."""
+    """Drafts chains (with runner-up leaves) with the draft model, whenever its gate (``TreeSteps``)
+    measured that drafting pays here and the sizer finds a length that does."""
 
     def __init__(
         self,
@@ -81,9 +81,9 @@ class DraftModelDrafter(Drafter):
         costs = costs or CostModel.from_relative([1.0] * (n + 1))
         self.draft_costs = draft_costs or CostModel.from_relative([0.5 * c for c in costs.relative(0)])
         # Draft-model guesses cost forwards, so unlike prompt lookup this drafter probes now and then.
-        self.sizer = sizer or Sizer(costs, max_nodes=n, decay=0.97, probe_every=16)
-        self._gate = Gate(costs, bandit=gate, adaptive=self.settings.adaptive)
-        self.gate = self._gate.bandit  # what drafting paid, kept across answers
+        sizer = sizer or Sizer(costs, max_nodes=n, decay=0.97, probe_every=16)
+        self.steps = TreeSteps(costs, max_nodes=n, adaptive=self.settings.adaptive, sizer=sizer, gate=gate)
+        self.sizer, self.gate = self.steps.sizer, self.steps.gate
         self._context_len = 0
         self._pending: list[int] = []
         self._decoded: list[int] = []  # chain tokens decoded into the draft during the last proposal
@@ -110,14 +110,14 @@ class DraftModelDrafter(Drafter):
         self._check_in_step(context)
         self._base = self.draft.n_past
         length = min(self.settings.max_draft, budget.max_depth, budget.max_nodes, self.draft.n_ctx - len(context))
-        if not self._gate.open(length > 0):
+        if not self.steps.open(context, budget, ready=length > 0):
             if length > 0 and not self.declined:
                 self.declined = "drafting lost to plain decoding here lately (it is re-tried now and then)"
             return EMPTY_PROPOSAL
         if self.settings.adaptive:
             length = self._choose_length(length, len(context), steps_left=budget.max_depth)
         proposal = self._draft_tree(self._catch_up(), list(context), length, budget.max_nodes) if length else EMPTY_PROPOSAL
-        self._gate.close()
+        self.steps.drafted()
         return proposal
 
     @staticmethod
@@ -204,9 +204,8 @@ class DraftModelDrafter(Drafter):
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         if self._off:
             return
-        self.sizer.costs.observe(verdict.drafted, self._context_len, out.seconds)
-        self._gate.score(verdict, self._context_len)
-        if verdict.drafted:
+        self.steps.observe(out, verdict)  # the verify's time, and what drafting paid (the gate)
+        if verdict.drafted:  # sized before drafting, so the sizer learns here
             self.sizer.update(self._chain(verdict.draft_depth), verdict.draft_depth, verdict.accepted)
         accepted = list(verdict.tokens[:-1])
         keep = 0

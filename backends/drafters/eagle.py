@@ -121,7 +121,7 @@ class EagleDrafter(Drafter):
         costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
         self.steps = TreeSteps(costs, max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, prior=0.8,
                                sizer=sizer, gate=gate, clock=clock)
-        self.sizer, self.gate = self.steps.sizer, self.steps.gate.bandit
+        self.sizer, self.gate = self.steps.sizer, self.steps.gate
         self.cache = head.new_cache()
         self.begin([])
 

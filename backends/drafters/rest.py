@@ -55,7 +55,7 @@ class RESTDrafter(Drafter):
         costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
         self.steps = TreeSteps(costs, max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive,
                                sizer=sizer, gate=gate, clock=clock)
-        self.sizer, self.gate = self.steps.sizer, self.steps.gate.bandit
+        self.sizer, self.gate = self.steps.sizer, self.steps.gate
         if self.settings.conversation and conversation is None:
             conversation = PLDDrafter(costs=costs)
         self.conversation = conversation if self.settings.conversation else None
