@@ -8,7 +8,7 @@ text that changes character halfway.
 from __future__ import annotations
 
 import time
-from typing import Callable, Hashable, Mapping, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -79,8 +79,7 @@ class Sizer:
         depths = tree_depths(tree.parents[:verified])
         mass = np.bincount(depths - 1, weights=tree.probs[:verified]) if verified else np.zeros(0)
         sums = self._sums.get(tree.bucket, np.zeros((0, 3)))
-        if len(sums) < len(mass):
-            sums = np.vstack([sums, np.zeros((len(mass) - len(sums), 3))])
+        sums = np.pad(sums, ((0, max(len(mass) - len(sums), 0)), (0, 0)))
         sums *= self.decay
         sums[: len(mass), 1:] += np.stack([mass, np.ones(len(mass))], axis=1)
         sums[: min(accepted, len(mass)), 0] += 1.0
@@ -142,16 +141,14 @@ class Bandit:
     The ``baseline`` (plain decoding) is worth 1 and needs no trials; every other arm is tried
     ``min_tries`` times, then the best plays. Exploration has one budget: a loser's play costs
     ``best speed / its speed - 1`` rounds, and losers may cost ``explore_share`` of all rounds,
-    never replayed sooner than ``min_gap`` rounds; so one that starts winning is found again. An
-    arm whose remaining trials could not reach the baseline even at its ``ceiling`` (most tokens a
-    round) ends its trials early. Example: ``a`` 2 tokens for 1.5 forwards, ``b`` 1 for 1.2: ``a``
-    plays (1.33x), ``b`` (0.83x, 0.6 rounds lost a play) again every 60 rounds at a 1% share.
+    never replayed sooner than ``min_gap`` rounds; so one that starts winning is found again.
+    Example: ``a`` 2 tokens for 1.5 forwards, ``b`` 1 for 1.2: ``a`` plays (1.33x), ``b`` (0.83x,
+    0.6 rounds lost a play) again every 60 rounds at a 1% share.
     """
 
     def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4,
-                 decay: float = 0.97, margin: float = 0.0, ceiling: Mapping[Hashable, float] | None = None,
-                 explore_share: float = 0.01, min_gap: int = 32) -> None:
-        self.baseline, self.margin, self.ceiling = baseline, margin, dict(ceiling or {})
+                 decay: float = 0.97, margin: float = 0.0, explore_share: float = 0.01, min_gap: int = 32) -> None:
+        self.baseline, self.margin = baseline, margin
         self.arms = [a for a in dict.fromkeys(arms) if a != baseline]
         self.min_tries, self.decay, self.min_gap, self.explore_share = min_tries, decay, min_gap, explore_share
         self._gain, self._cost = dict.fromkeys(self.arms, 0.0), dict.fromkeys(self.arms, 0.0)
@@ -200,17 +197,6 @@ class Bandit:
         self._tries[arm] += 1
         self._gain[arm] = self._gain[arm] * self.decay + gain
         self._cost[arm] = self._cost[arm] * self.decay + cost
-        if self._tries[arm] < self.min_tries and self._hopeless(arm):
-            self._tries[arm] = self.min_tries  # its trials are over: it lost
-
-    def _hopeless(self, arm: Hashable) -> bool:
-        """Even if every remaining trial reached the arm's ceiling, it would stay below the baseline."""
-        top = self.ceiling.get(arm)
-        if top is None or self.baseline is None:
-            return False
-        left = self.min_tries - self._tries[arm]
-        per_try = self._cost[arm] / self._tries[arm]
-        return (self._gain[arm] + left * top) / (self._cost[arm] + left * per_try) < 1.0
 
 
 RUN = "run"  # the gate's arm: let the drafter draft (its baseline: draft nothing)

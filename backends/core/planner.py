@@ -58,24 +58,12 @@ def could_pay(chances: Sequence[float], relative: Sequence[float], drafting: Cal
     return max(speeds, default=0.0) > min_gain
 
 
-def ranked(proposal: Proposal, budget: Budget) -> list[int]:
-    """The proposal's nodes likeliest first (ties in index order, so parents before children),
-    less what does not fit one forward: nodes deeper than ``budget.max_depth`` or opening more
-    than ``budget.max_paths`` paths (with their subtrees), then all but the first ``max_nodes``."""
+def plan_nodes(proposal: Proposal, relative: Sequence[float], budget: Budget) -> list[int]:
+    """The nodes of ``proposal`` worth verifying, ascending (none when nothing is): of its nodes
+    that fit one forward, likeliest first (ties in index order, so parents before children; none
+    deeper than ``budget.max_depth``, within ``max_paths`` paths and ``max_nodes`` nodes), the
+    ``best_size`` first."""
     chances = np.asarray(proposal.chances if proposal.chances is not None else [1.0] * proposal.size)
-    order = np.argsort(-chances, kind="stable").tolist()
-    allowed = None if proposal.is_chain and proposal.size <= budget.max_depth else \
-        tree_depths(proposal.parents) <= budget.max_depth
-    return fit_paths(proposal.parents, budget.max_paths, order=order, allowed=allowed)[: max(budget.max_nodes, 0)]
-
-
-def plan_nodes(proposal: Proposal, relative: Sequence[float], budget: Budget, *, fixed_cost: float = 0.0,
-               per_node: float = 0.0, min_gain: float = MIN_GAIN) -> list[int]:
-    """The nodes of ``proposal`` worth verifying, ascending (none when nothing is): its best
-    ``best_size`` nodes by chance, within the budget."""
-    if proposal.size == 0:
-        return []
-    order = ranked(proposal, budget)
-    chances = proposal.chances if proposal.chances is not None else (1.0,) * proposal.size
-    n = best_size([chances[i] for i in order], relative, fixed_cost=fixed_cost, per_node=per_node, min_gain=min_gain)
-    return sorted(order[:n])
+    fits = fit_paths(proposal.parents, budget.max_paths, order=np.argsort(-chances, kind="stable").tolist(),
+                     allowed=tree_depths(proposal.parents) <= budget.max_depth)[: max(budget.max_nodes, 0)]
+    return sorted(fits[: best_size(chances[fits].tolist(), relative)])

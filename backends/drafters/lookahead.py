@@ -97,22 +97,16 @@ class ShapeBandit(Bandit):
     noisy wall clock does not decide). Plain decoding, (0, 0), is the baseline worth exactly 1.
     """
 
-    def __init__(self, shapes: Sequence[tuple[int, int]], *, ngram: int = 3, min_tries: int = 2,
+    def __init__(self, shapes: Sequence[tuple[int, int]], *, min_tries: int = 2,
                  decay: float = 0.97, explore_share: float = 0.003) -> None:
-        """``ngram`` (N) bounds what a shape can emit in one step: a window of W guesses gives at
-        most W + 1 tokens, a pool candidate N; the bandit ends a shape's trials once it could not
-        pay even at that.
-
-        Re-probing the losing shapes may cost 0.3% of the rounds, not the 1% other bandits spend:
+        """Re-probing the losing shapes may cost 0.3% of the rounds, not the 1% other bandits spend:
         where no shape pays (every CPU measured so far) the probes are pure loss, and each costs
         a wide forward for about one token. On SmolLM2 Q4_1 (60 Spec-Bench prompts, cost-model
         units) lookahead then ran at 0.995 of plain decoding instead of 0.990, exploring in 12
         steps instead of 33. With the 5 default shapes, one 10% short of paying is re-checked
         every 185 rounds (an answer or two), one at half speed every 1,700.
         """
-        ceiling = {(w, g): 1 + max(w, ngram - 1 if g else 0) for w, g in shapes}
-        super().__init__(shapes, baseline=(0, 0), min_tries=min_tries, decay=decay, ceiling=ceiling,
-                         explore_share=explore_share)
+        super().__init__(shapes, baseline=(0, 0), min_tries=min_tries, decay=decay, explore_share=explore_share)
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
@@ -137,7 +131,7 @@ class LookaheadDrafter(Drafter):
         self.settings = settings or LookaheadSettings()
         s = self.settings
         self.costs = costs or CostModel.from_relative([1.0] * 17)
-        self.bandit = bandit or ShapeBandit(default_shapes(s), ngram=s.ngram)
+        self.bandit = bandit or ShapeBandit(default_shapes(s))
         self.begin([])
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
