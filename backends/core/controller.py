@@ -79,7 +79,8 @@ class Sizer:
         depths = tree_depths(tree.parents[:verified])
         mass = np.bincount(depths - 1, weights=tree.probs[:verified]) if verified else np.zeros(0)
         sums = self._sums.get(tree.bucket, np.zeros((0, 3)))
-        sums = np.pad(sums, ((0, max(len(mass) - len(sums), 0)), (0, 0)))
+        if len(sums) < len(mass):  # (np.pad would cost 0.1 ms on every step)
+            sums = np.vstack([sums, np.zeros((len(mass) - len(sums), 3))])
         sums *= self.decay
         sums[: len(mass), 1:] += np.stack([mass, np.ones(len(mass))], axis=1)
         sums[: min(accepted, len(mass)), 0] += 1.0
