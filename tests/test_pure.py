@@ -230,7 +230,7 @@ CHAIN = chain_tree([1, 2, 3, 4], 1.0)
 def test_sizer_worked_example():
     c = Sizer(flat([1.0, 1.8, 2.0, 2.1]), max_nodes=3, prior_weight=1e9)
     assert c.plan(chain_tree([1, 2, 3], 0.9), context=10)[0] == 3
-    one = expected_speeds(c.chances(chain_tree([1], 0.9)).tolist(), c.costs.relative(10))
+    one = expected_speeds(c.chances(chain_tree([1], 0.9)), c.costs.relative(10))
     assert one[1] == pytest.approx(1.9 / 1.8)
     low = Sizer(flat([1.0, 1.8, 2.0, 2.1]), max_nodes=3, prior_weight=1e9, probe_every=1000)
     assert low.plan(chain_tree([1, 2, 3], 0.3), context=10)[0] == 0
@@ -336,16 +336,16 @@ def test_timing_probes_leave_the_cache_as_they_found_it_and_stop_when_asked():
 
 def test_the_ledger_scores_withheld_chains():
     ledger = Ledger()
-    first, second = Proposal.chain([5, 6, 7]), Proposal.chain([6, 7])
-    ledger.add(10, first, 2)
-    ledger.add(11, second, 1)
+    first, second = chain_tree([5, 6, 7], 0.5), chain_tree([6, 7], 0.5)
+    ledger.add(10, first)
+    ledger.add(11, second)
     context = list(range(10))
     assert ledger.resolve(context) == []
     assert ledger.resolve(context + [5]) == []  # still consistent, not yet decided
-    assert ledger.resolve(context + [5, 9]) == [(first, 1, 2), (second, 0, 1)]
-    third = Proposal.chain([1, 2])
-    ledger.add(12, third, 3)
-    assert ledger.resolve(context + [5, 9, 1, 2]) == [(third, 2, 3)]
+    assert ledger.resolve(context + [5, 9]) == [(first, 1), (second, 0)]
+    third = chain_tree([1, 2], 0.5)
+    ledger.add(12, third)
+    assert ledger.resolve(context + [5, 9, 1, 2]) == [(third, 2)]
 
 
 def test_cost_probes_are_chains_then_four_branch_trees():

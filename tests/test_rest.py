@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.core.controller import Ledger, Sizer, length_class
+from backends.core.controller import Ledger, Sizer, chain_tree, length_class
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
-from backends.core.types import Budget, GenerationSettings, Proposal, RankedTree, SamplingSettings, TargetOutput, Verdict
+from backends.core.types import Budget, GenerationSettings, RankedTree, SamplingSettings, TargetOutput, Verdict
 from backends.core.planner import expected_speeds
 from backends.drafters.rest import RESTDrafter, RESTSettings
 from backends.models.datastore import (
@@ -143,19 +143,19 @@ def test_sizer_calibration_learns_from_outcomes():
     assert sizer.plan(tree, context=1)[0] == 2
     for _ in range(30):
         sizer.update(tree, 2, 0)  # the datastore keeps being wrong
-    assert sizer.factors(None, 2).max() < 0.2 and sizer.plan(tree, context=1)[0] == 0
+    assert max(sizer.factors(None, 2)) < 0.2 and sizer.plan(tree, context=1)[0] == 0
     assert list(sizer.factors("long matches", 2)) == [1.0, 1.0]  # another bucket has learned nothing yet
 
 
 def test_ledger_scores_a_withheld_tree_like_greedy_verification():
     ledger = Ledger()
-    tree = Proposal((7, 8, 9, 4), (-1, 0, 0, 2))  # 7 -> (8, 9 -> 4)
-    ledger.add(5, tree, 1.2)
+    tree = RankedTree(np.array([7, 8, 9, 4], np.int32), np.array([-1, 0, 0, 2], np.int32), np.full(4, 0.5))  # 7 -> (8, 9 -> 4)
+    ledger.add(5, tree)
     assert ledger.resolve([0] * 5 + [7, 9]) == []  # could still go deeper
-    assert ledger.resolve([0] * 5 + [7, 9, 4]) == [(tree, 3, 1.2)]
-    one = Proposal((1,), (-1,))
-    ledger.add(0, one, (0.5, 2))
-    assert ledger.resolve([2]) == [(one, 0, (0.5, 2))]
+    assert ledger.resolve([0] * 5 + [7, 9, 4]) == [(tree, 3)]
+    one = chain_tree([1], 0.5)
+    ledger.add(0, one)
+    assert ledger.resolve([2]) == [(one, 0)]
 
 
 # --- the drafter on the oracle ------------------------------------------------------------------

@@ -14,7 +14,7 @@ import numpy as np
 
 from backends.core.costs import CostModel
 from backends.core.planner import MIN_GAIN, best_size, cost_at, could_pay
-from backends.core.tree import tree_depths
+from backends.core.tree import depth_list
 from backends.core.types import EMPTY_PROPOSAL, Budget, Proposal, RankedTree, TargetOutput, Verdict
 
 
@@ -37,36 +37,39 @@ class Sizer:
         self.costs, self.max_nodes, self.probe_every = costs, max_nodes, probe_every
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
         self.min_gain = min_gain  # expected speedup a verify must promise (covers estimation noise)
-        self._sums: dict[Hashable, np.ndarray] = {}  # bucket -> [depth, (accepted, predicted, trees)]
+        self._sums: dict[Hashable, list[list[float]]] = {}  # bucket -> [depth][accepted, predicted, trees]
         self._idle: dict[Hashable, int] = {}
 
-    def factors(self, bucket: Hashable, depth: int) -> np.ndarray:
-        """The calibration factor at depths 1..``depth`` ([depth])."""
-        sums = np.zeros((depth, 3))
-        known = self._sums.get(bucket, sums)[:depth]
-        sums[: len(known)] = known
-        accepted, predicted, trees = sums.T
-        ratio = np.divide(accepted, predicted, out=np.full(depth, self.prior), where=predicted > 0)
-        return (trees * ratio + self.prior_weight * self.prior) / (trees + self.prior_weight)
+    # Plain lists, not numpy: this runs on every step over a few depths, where numpy's per-call
+    # overhead made prompt lookup's step cost ~0.3 ms, a tenth of a small model's forward.
+    def factors(self, bucket: Hashable, depth: int) -> list[float]:
+        """The calibration factor at depths 1..``depth``."""
+        sums, prior, weight = self._sums.get(bucket, []), self.prior, self.prior_weight
+        out = []
+        for accepted, predicted, trees in sums[:depth] + [[0.0, 0.0, 0.0]] * (depth - len(sums)):
+            ratio = accepted / predicted if predicted > 0 else prior
+            out.append((trees * ratio + weight * prior) / (trees + weight))
+        return out
 
-    def chances(self, tree: RankedTree) -> np.ndarray:
-        """Each node's calibrated chance ([n]); parents come first in a ranking."""
-        depths = tree_depths(tree.parents)
-        out = np.minimum(1.0, self.factors(tree.bucket, int(depths.max(initial=0)))[depths - 1] * tree.probs)
-        for i, parent in enumerate(tree.parents):
-            if parent >= 0:
-                out[i] = min(out[i], out[parent])
+    def chances(self, tree: RankedTree) -> list[float]:
+        """Each node's calibrated chance; parents come first in a ranking."""
+        parents = tree.parents.tolist()
+        depths = depth_list(parents)
+        factors = self.factors(tree.bucket, max(depths, default=0))
+        out: list[float] = []
+        for parent, depth, prob in zip(parents, depths, tree.probs.tolist()):
+            chance = min(1.0, factors[depth - 1] * prob)
+            out.append(chance if parent < 0 else min(chance, out[parent]))
         return out
 
     def plan(self, tree: RankedTree, *, context: int, limit: int | None = None, fixed_cost: float = 0.0,
-             per_node: float = 0.0) -> tuple[int, np.ndarray]:
+             per_node: float = 0.0) -> tuple[int, list[float]]:
         """How many of the first ``limit`` ranked nodes to verify now (0: none), and the chances it
         weighed (what the proposal then carries)."""
         chances = self.chances(tree)
         limit = min(len(chances), self.max_nodes, len(chances) if limit is None else limit)
-        relative = self.costs.relative(context)
-        n = best_size(chances[:limit].tolist(), relative, fixed_cost=fixed_cost, per_node=per_node,
-                      min_gain=self.min_gain)
+        relative = self.costs.relative(context, upto=limit)
+        n = best_size(chances[:limit], relative, fixed_cost=fixed_cost, per_node=per_node, min_gain=self.min_gain)
         if n or not self.probe_every or not could_pay([1.0] * limit, relative, lambda k: fixed_cost + k * per_node,
                                                       min_gain=self.min_gain):
             return n, chances
@@ -76,15 +79,16 @@ class Sizer:
 
     def update(self, tree: RankedTree, verified: int, accepted: int) -> None:
         """The first ``verified`` nodes were verified (or scored unverified); ``accepted`` held."""
-        depths = tree_depths(tree.parents[:verified])
-        mass = np.bincount(depths - 1, weights=tree.probs[:verified]) if verified else np.zeros(0)
-        sums = self._sums.get(tree.bucket, np.zeros((0, 3)))
-        if len(sums) < len(mass):
-            sums = np.vstack([sums, np.zeros((len(mass) - len(sums), 3))])
-        sums *= self.decay
-        sums[: len(mass), 1:] += np.stack([mass, np.ones(len(mass))], axis=1)
-        sums[: min(accepted, len(mass)), 0] += 1.0
-        self._sums[tree.bucket] = sums
+        depths = depth_list(tree.parents[:verified])
+        mass = [0.0] * max(depths, default=0)  # the raw estimates' sum per depth
+        for depth, prob in zip(depths, tree.probs[:verified].tolist()):
+            mass[depth - 1] += prob
+        sums = self._sums.setdefault(tree.bucket, [])
+        sums.extend([0.0, 0.0, 0.0] for _ in range(len(mass) - len(sums)))
+        for d, row in enumerate(sums):
+            row[:] = [row[0] * self.decay + (d < accepted and d < len(mass)),
+                      row[1] * self.decay + (mass[d] if d < len(mass) else 0.0),
+                      row[2] * self.decay + (d < len(mass))]
 
 
 def chain_tree(tokens: Sequence[int], acceptance: float, bucket: Hashable = None) -> RankedTree:
@@ -96,26 +100,27 @@ def chain_tree(tokens: Sequence[int], acceptance: float, bucket: Hashable = None
 
 
 class Ledger:
-    """Guesses that were not verified, scored against the text the target went on to write.
+    """Trees that were not verified, scored against the text the target went on to write.
 
-    ``add(start, proposal, note)`` records a guess for ``context[start:]``; ``resolve(context)``
-    returns ``(proposal, matched, note)`` for each guess now settled, ``matched`` being how deep the
-    text followed it: what greedy verification would have accepted, and under sampling as likely.
+    ``add(start, tree)`` records a guess for ``context[start:]``; ``resolve(context)`` returns
+    ``(tree, matched)`` for each guess now settled, ``matched`` being how deep the text followed
+    it: what greedy verification would have accepted, and under sampling as likely.
     Example: the chain ``[5, 6, 7]`` at 10 resolves to 1 once ``context[10:12] == [5, 9]``.
     """
 
     def __init__(self) -> None:
-        self._open: list[tuple[int, Proposal, int, dict, Hashable]] = []  # start, guess, depth, children, note
+        self._open: list[tuple[int, RankedTree, int, dict[tuple[int, int], int]]] = []  # start, tree, depth, children
 
-    def add(self, start: int, proposal: Proposal, note: Hashable = None) -> None:
-        if proposal.size:
-            children = {(p, t): i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens))}
-            self._open.append((start, proposal, int(tree_depths(proposal.parents).max()), children, note))
+    def add(self, start: int, tree: RankedTree) -> None:
+        parents = tree.parents.tolist()
+        if parents:
+            children = {(p, t): i for i, (p, t) in enumerate(zip(parents, tree.tokens.tolist()))}
+            self._open.append((start, tree, max(depth_list(parents)), children))
 
-    def resolve(self, context: Sequence[int]) -> list[tuple[Proposal, int, Hashable]]:
+    def resolve(self, context: Sequence[int]) -> list[tuple[RankedTree, int]]:
         done, still_open = [], []
         for item in self._open:
-            start, proposal, depth, children, note = item
+            start, tree, depth, children = item
             matched, node = 0, -1
             for token in context[start : start + depth]:  # follow the text down the tree
                 node = children.get((node, token))
@@ -123,7 +128,7 @@ class Ledger:
                     break
                 matched += 1
             if node is None or matched == depth:
-                done.append((proposal, matched, note))
+                done.append((tree, matched))
             else:
                 still_open.append(item)
         self._open = still_open
@@ -235,7 +240,7 @@ class TreeSteps:
         what it reads this step); if so the clock starts."""
         self._context_len = len(context)
         self._verified = self._ran = None
-        for _, matched, tree in self._ledger.resolve(context):
+        for tree, matched in self._ledger.resolve(context):
             self.sizer.update(tree, len(tree.tokens), matched)
         if not (ready and budget.max_nodes > 0 and budget.max_depth > 0) or (self.adaptive and self.gate.choose() != RUN):
             return False
@@ -255,7 +260,7 @@ class TreeSteps:
         else:
             n, chances = len(tree.tokens), self.sizer.chances(tree)
         if n == 0:
-            self._ledger.add(self._context_len, tree.proposal(len(tree.tokens)), tree)
+            self._ledger.add(self._context_len, tree)
             return EMPTY_PROPOSAL
         self._verified = (tree, n)
         return tree.proposal(n, chances)

@@ -80,13 +80,15 @@ class CostModel:
             return self.seconds(max(n - 1, 0), context)
         return self.seconds(self.k_max, context) * n / (self.k_max + 1)
 
-    def relative(self, context: int) -> list[float]:
-        """Cost of k = 0..K drafted tokens relative to plain decoding, never decreasing in k."""
-        row = self._row(context)
+    def relative(self, context: int, upto: int | None = None) -> list[float]:
+        """Cost of k = 0..K (at most ``upto``) drafted tokens relative to plain decoding, never
+        decreasing in k. A list: asked on every step, where numpy's overhead would dominate."""
+        row = self._row(context)[: None if upto is None else upto + 1].tolist()
         one, batched = self._correction
-        rel = row * (batched / (row[0] * one))
-        rel[0] = 1.0
-        return np.maximum.accumulate(np.maximum(rel, 1.0)).tolist()
+        out, scale = [1.0], batched / (row[0] * one)
+        for seconds in row[1:]:
+            out.append(max(out[-1], seconds * scale))
+        return out
 
     def observe(self, k: int, context: int, seconds: float) -> None:
         """Fold one measured verify time into the estimates (one outlier moves them little)."""

@@ -49,9 +49,15 @@ def validate_parents(parents: Sequence[int]) -> None:
 
 def tree_depths(parents: Sequence[int]) -> np.ndarray:
     """Depth of every node (1 for children of the root). [n] int32."""
-    depths = np.empty(len(parents), dtype=np.int32)
-    for i, parent in enumerate(parents):
-        depths[i] = 1 if parent < 0 else depths[parent] + 1
+    return np.array(depth_list(parents), dtype=np.int32)
+
+
+def depth_list(parents: Sequence[int]) -> list[int]:
+    """``tree_depths`` as a list: per-step code on a handful of nodes, where numpy's per-call
+    overhead (a microsecond per operation or element) would cost more than the arithmetic."""
+    depths: list[int] = []
+    for parent in parents.tolist() if isinstance(parents, np.ndarray) else parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
     return depths
 
 

@@ -169,8 +169,8 @@ class RankedTree:
     def proposal(self, n: int, chances: Sequence[float] | None = None) -> Proposal:
         """The first ``n`` nodes, with ``chances`` (default: the raw estimates)."""
         chances = self.probs if chances is None else chances
-        return Proposal(tuple(int(t) for t in self.tokens[:n]), tuple(int(p) for p in self.parents[:n]),
-                        chances=tuple(float(c) for c in chances[:n]))
+        return Proposal(tuple(self.tokens[:n].tolist()), tuple(self.parents[:n].tolist()),
+                        chances=tuple(map(float, chances[:n])))
 
     def within_paths(self, max_paths: int) -> RankedTree:
         """The ranking less the nodes that would open more than ``max_paths`` root-to-leaf paths

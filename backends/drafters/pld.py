@@ -150,10 +150,12 @@ class PLDDrafter(Drafter):
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._index.sync(context)
         self._context_len = len(context)
-        for _, matched, chain in self._shadow.resolve(context):
+        for chain, matched in self._shadow.resolve(context):
             self.sizer.update(chain, len(chain.tokens), matched)
             self._hot = matched > 0
         match = self._index.lookup(self.settings.max_draft)
+        if not match.tokens:  # nothing to guess, nothing to learn
+            return EMPTY_PROPOSAL
         span = length_class(match.span)
         chain = chain_tree(match.tokens, self.prior(span), (span, self._hot))
         available = min(len(match.tokens), budget.max_depth, budget.max_nodes)
@@ -162,7 +164,7 @@ class PLDDrafter(Drafter):
         else:
             k, chances = available, self.sizer.chances(chain)
         if k == 0:
-            self._shadow.add(len(context), chain.proposal(len(chain.tokens)), chain)
+            self._shadow.add(len(context), chain)
             return EMPTY_PROPOSAL
         self._chain = chain
         return chain.proposal(k, chances)
