@@ -298,6 +298,21 @@ def test_cost_model_interpolates_and_learns():
     assert costs.seconds(1, 64) < 0.05
 
 
+def test_plain_decoding_moves_the_machine_level_not_the_price_of_a_batch():
+    # single-token forwards running faster than the curve say the machine is faster, not that a
+    # batch got dearer relative to one token: only batched forwards teach that
+    costs = CostModel({64: [0.010, 0.020]})
+    for _ in range(60):
+        costs.observe(0, 64, 0.006)
+    assert costs.seconds(0, 64) == pytest.approx(0.006, rel=0.05)
+    assert costs.seconds(1, 64) == pytest.approx(0.012, rel=0.05)  # batches follow the machine
+    assert costs.relative(64) == pytest.approx([1.0, 2.0])
+    for _ in range(60):
+        costs.observe(1, 64, 0.018)  # now batches measure three single forwards
+    assert costs.relative(64) == pytest.approx([1.0, 3.0], rel=0.05)
+    assert costs.seconds(0, 64) == pytest.approx(0.006, rel=0.05)
+
+
 def test_cost_model_takes_a_curve_measured_later():
     # one curve: every context costs the same; a curve added at a long context bends the estimates
     # there, and the corrections learned against the old curve start over

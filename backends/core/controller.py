@@ -41,7 +41,7 @@ class Sizer:
         self._idle: dict[Hashable, int] = {}
 
     # Plain lists, not numpy: this runs on every step over a few depths, where numpy's per-call
-    # overhead made prompt lookup's step cost ~0.3 ms, a tenth of a small model's forward.
+    # overhead doubled prompt lookup's whole step (111 us against 50, same decisions).
     def factors(self, bucket: Hashable, depth: int) -> list[float]:
         """The calibration factor at depths 1..``depth``."""
         sums, prior, weight = self._sums.get(bucket, []), self.prior, self.prior_weight
@@ -85,10 +85,11 @@ class Sizer:
             mass[depth - 1] += prob
         sums = self._sums.setdefault(tree.bucket, [])
         sums.extend([0.0, 0.0, 0.0] for _ in range(len(mass) - len(sums)))
-        for d, row in enumerate(sums):
-            row[:] = [row[0] * self.decay + (d < accepted and d < len(mass)),
-                      row[1] * self.decay + (mass[d] if d < len(mass) else 0.0),
-                      row[2] * self.decay + (d < len(mass))]
+        deep, held = len(mass), min(accepted, len(mass))
+        for d, row in enumerate(sums):  # True counts as 1
+            row[0] = row[0] * self.decay + (d < held)
+            row[1] = row[1] * self.decay + (mass[d] if d < deep else 0.0)
+            row[2] = row[2] * self.decay + (d < deep)
 
 
 def chain_tree(tokens: Sequence[int], acceptance: float, bucket: Hashable = None) -> RankedTree:

@@ -20,8 +20,9 @@ class CostModel:
 
     ``curves`` maps a context length to measured seconds for k = 0..K, interpolated between
     lengths and extrapolated linearly beyond them (as attention's cost grows). ``observe`` folds
-    real verify times in as correction factors (moving averages, one for single-token forwards
-    and one for batched ones), so a busier machine shifts the estimates within a few steps.
+    real verify times in as correction factors (moving averages: the machine's ``level``, from
+    single-token forwards, and the ``shape``, batched ones against that level), so a busier machine
+    shifts the estimates within a few steps.
 
     Example: ``CostModel({64: [0.010, 0.020], 1024: [0.013, 0.025]}).relative(544)`` is
     ``[1.0, 1.96]``: 0.0115 s and 0.0225 s at the midpoint.
@@ -37,9 +38,14 @@ class CostModel:
         self.contexts = sorted(curves)
         self.k_max = min(len(curves[c]) for c in self.contexts) - 1
         self._curves = np.array([list(curves[c][: self.k_max + 1]) for c in self.contexts])  # [contexts, k_max + 1]
-        # Measured/predicted ratios learned while generating: one for single-token forwards, one
-        # shared by all batched ones (their common level is what drifts; the shape holds).
-        self._correction = [1.0, 1.0]
+        # Measured/predicted ratios learned while generating: ``level`` for every forward (how fast
+        # the machine runs now), from single-token ones; ``shape`` for batched ones on top of it
+        # (their common factor is what drifts; the curve's own shape holds). Apart, because only a
+        # batched forward says what a batch costs relative to one token: when the two factors were
+        # learned independently, a stretch of plain decoding that ran faster than the curve (level
+        # 0.6 on Q4_1 at 660 tokens of context) priced one drafted node at 2.9 forwards instead of
+        # about 1.9, and with nothing drafted the price never came down.
+        self._level, self._shape = 1.0, 1.0
         self._last_row: tuple[int, np.ndarray] = (-1, self._curves[0])
 
     @property
@@ -71,7 +77,7 @@ class CostModel:
 
     def seconds(self, k: int, context: int) -> float:
         k = min(k, self.k_max)
-        return float(self._row(context)[k]) * self._correction[min(k, 1)]
+        return float(self._row(context)[k]) * self._level * (self._shape if k else 1.0)
 
     def batch_seconds(self, n: int, context: int) -> float:
         """Seconds to decode ``n`` tokens together (a prefill or a draft model's catch-up): the
@@ -84,8 +90,7 @@ class CostModel:
         """Cost of k = 0..K (at most ``upto``) drafted tokens relative to plain decoding, never
         decreasing in k. A list: asked on every step, where numpy's overhead would dominate."""
         row = self._row(context)[: None if upto is None else upto + 1].tolist()
-        one, batched = self._correction
-        out, scale = [1.0], batched / (row[0] * one)
+        out, scale = [1.0], self._shape / row[0]
         for seconds in row[1:]:
             out.append(max(out[-1], seconds * scale))
         return out
@@ -94,6 +99,10 @@ class CostModel:
         """Fold one measured verify time into the estimates (one outlier moves them little)."""
         if k > self.k_max or seconds <= 0:
             return
-        i = min(k, 1)
-        ratio = min(max(seconds / float(self._row(context)[k]), 0.5 * self._correction[i]), 2.0 * self._correction[i])
-        self._correction[i] += self.smoothing * (ratio - self._correction[i])
+        ratio = seconds / (float(self._row(context)[k]) * (self._level if k else 1.0))
+        now = self._shape if k else self._level
+        now += self.smoothing * (min(max(ratio, 0.5 * now), 2.0 * now) - now)
+        if k:
+            self._shape = now
+        else:
+            self._level = now
