@@ -40,8 +40,7 @@ class Sizer:
         self._sums: dict[Hashable, list[list[float]]] = {}  # bucket -> [depth][accepted, predicted, trees]
         self._idle: dict[Hashable, int] = {}
 
-    # Plain lists, not numpy: this runs on every step over a few depths, where numpy's per-call
-    # overhead doubled prompt lookup's whole step (111 us against 50, same decisions).
+    # Plain lists, not numpy: on a few depths per step numpy's overhead doubled pld's step (111 us).
     def factors(self, bucket: Hashable, depth: int) -> list[float]:
         """The calibration factor at depths 1..``depth``."""
         sums, prior, weight = self._sums.get(bucket, []), self.prior, self.prior_weight

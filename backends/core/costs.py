@@ -38,13 +38,8 @@ class CostModel:
         self.contexts = sorted(curves)
         self.k_max = min(len(curves[c]) for c in self.contexts) - 1
         self._curves = np.array([list(curves[c][: self.k_max + 1]) for c in self.contexts])  # [contexts, k_max + 1]
-        # Measured/predicted ratios learned while generating: ``level`` for every forward (how fast
-        # the machine runs now), from single-token ones; ``shape`` for batched ones on top of it
-        # (their common factor is what drifts; the curve's own shape holds). Apart, because only a
-        # batched forward says what a batch costs relative to one token: when the two factors were
-        # learned independently, a stretch of plain decoding that ran faster than the curve (level
-        # 0.6 on Q4_1 at 660 tokens of context) priced one drafted node at 2.9 forwards instead of
-        # about 1.9, and with nothing drafted the price never came down.
+        # Measured/predicted: ``level`` (the machine now) from single-token forwards, ``shape`` (batches
+        # on top) from batched ones only: plain decoding once priced a node at 2.9 forwards, not 1.9.
         self._level, self._shape = 1.0, 1.0
         self._last_row: tuple[int, np.ndarray] = (-1, self._curves[0])
 
@@ -102,7 +97,4 @@ class CostModel:
         ratio = seconds / (float(self._row(context)[k]) * (self._level if k else 1.0))
         now = self._shape if k else self._level
         now += self.smoothing * (min(max(ratio, 0.5 * now), 2.0 * now) - now)
-        if k:
-            self._shape = now
-        else:
-            self._level = now
+        self._shape, self._level = (now, self._level) if k else (self._shape, now)
