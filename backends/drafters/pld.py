@@ -154,8 +154,6 @@ class PLDDrafter(Drafter):
             self.sizer.update(chain, len(chain.tokens), matched)
             self._hot = matched > 0
         match = self._index.lookup(self.settings.max_draft)
-        if not match.tokens:  # nothing to guess, nothing to learn
-            return EMPTY_PROPOSAL
         span = length_class(match.span)
         chain = chain_tree(match.tokens, self.prior(span), (span, self._hot))
         available = min(len(match.tokens), budget.max_depth, budget.max_nodes)
