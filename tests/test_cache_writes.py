@@ -55,3 +55,53 @@ def test_the_gguf_header_cache_on_a_fresh_cache_from_two_threads(tmp_path, monke
         for t in threads:
             t.join()
     assert len(results) == 10 and all(isinstance(r, int) for r in results), results
+
+
+def _copies(model, folder, n: int) -> list:
+    """``n`` names for one model file (hard links where the file system has them): to the caches,
+    which key an entry by the file's path, these are ``n`` models."""
+    import os
+    import shutil
+
+    folder.mkdir()
+    out = []
+    for i in range(n):
+        name = folder / f"model{i}.gguf"
+        try:
+            os.link(model, name)
+        except OSError:
+            shutil.copyfile(model, name)
+        out.append(name)
+    return out
+
+
+def test_the_gguf_header_cache_keeps_the_most_recently_used_entries(tmp_path, monkeypatch, smollm_q4_path):
+    from backends.models import gguf_info
+
+    monkeypatch.setenv("SPECDECK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_info, "_KEPT_INFOS", 2)
+    a, b, c = _copies(smollm_q4_path, tmp_path / "models", 3)
+    entry = {m: gguf_info._cache_path(m.resolve(), m.stat().st_size, m.stat().st_mtime_ns) for m in (a, b, c)}
+    for model in (a, b, a, c):  # a is read again after b: b is the least recently used when c comes
+        assert read_gguf_info(model).n_layer == 30
+    assert sorted(p.name for p in (tmp_path / "cache" / "gguf-info").iterdir()) == sorted([entry[a].name, entry[c].name])
+
+
+def test_dequantized_weights_are_kept_for_the_most_recent_models_only(tmp_path, monkeypatch, smollm_q4_path):
+    """The PyTorch backend keeps a GGUF's weights dequantized (4 bytes a weight: 0.5 GB for this
+    135M model). Keyed by path and time, they once piled up at 2 GB a test run, 29 GB in a day."""
+    import pytest
+
+    pytest.importorskip("torch")  # the test extra installs it; a GGUF-only install has no torch backend
+    from backends.pytorch import weights
+
+    monkeypatch.setenv("SPECDECK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(weights, "KEPT_DEQUANTIZED", 1)
+    a, b = _copies(smollm_q4_path, tmp_path / "models", 2)
+    shape_a, wa = weights.load_weights(a)
+    shape_b, wb = weights.load_weights(b)
+    kept = list((tmp_path / "cache" / "torch-weights").iterdir())
+    assert [p.name for p in kept] == [weights._cache_file(b).name]
+    assert shape_a == shape_b and all(bool((wa[k] == wb[k]).all()) for k in wa)
+    again_shape, again = weights.load_weights(b)  # read back from the kept entry
+    assert again_shape == shape_b and all(bool((again[k] == wb[k]).all()) for k in wb)

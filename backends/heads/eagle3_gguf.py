@@ -29,7 +29,7 @@ import numpy as np
 from backends.core.errors import ModelFileError
 from backends.heads.eagle3 import KIND, Eagle3Shape
 from backends.heads.files import HeadFile, ModelFingerprint
-from backends.models.paths import cache_dir
+from backends.models.paths import cache_dir, keep_recent, mark_used
 
 ARCH = "eagle3"
 FUSED_LAYERS = 3  # llama.cpp's eagle3 graph fuses exactly three target layers
@@ -136,6 +136,9 @@ def export_eagle3_gguf(head: HeadFile, target_gguf: str | os.PathLike, out: str 
     return out
 
 
+KEPT_EXPORTS = 8  # exported heads the cache keeps (10-20 MB each for a small model), the most recently used
+
+
 def exported_gguf(head: HeadFile, target_gguf: str | os.PathLike) -> Path:
     """``head`` as an ``eagle3`` GGUF in the cache folder, written once per head and target (the
     name is a digest of both, so a retrained head is exported anew)."""
@@ -146,4 +149,9 @@ def exported_gguf(head: HeadFile, target_gguf: str | os.PathLike) -> Path:
         digest.update(name.encode())
         digest.update(np.ascontiguousarray(head.tensors[name]).tobytes())
     out = cache_dir() / "heads" / f"{Path(target_gguf).stem}.eagle3-{digest.hexdigest()[:16]}.gguf"
-    return out if out.exists() else export_eagle3_gguf(head, target_gguf, out)
+    if out.exists():
+        mark_used(out)
+        return out
+    export_eagle3_gguf(head, target_gguf, out)
+    keep_recent(out.parent, KEPT_EXPORTS, "*.gguf", spare=out)
+    return out

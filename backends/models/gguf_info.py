@@ -34,10 +34,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from backends.core.errors import ModelFileError
-from backends.models.paths import cache_dir, write_atomic
+from backends.models.paths import cache_dir, keep_recent, mark_used, write_atomic
 
 GGUF_MAGIC = b"GGUF"
 _CACHE_VERSION = 5  # 5: n_layer_nextn
+_KEPT_INFOS = 64  # cached summaries (up to 1 MB each: the token texts), the most recently used
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,9 @@ def read_gguf_info(path: str | os.PathLike, *, use_cache: bool = True) -> GGUFIn
     cache_file = _cache_path(p, stat.st_size, stat.st_mtime_ns)
     if use_cache and cache_file.exists():
         try:
-            return _from_json(json.loads(cache_file.read_text()))
+            info = _from_json(json.loads(cache_file.read_text()))
+            mark_used(cache_file)
+            return info
         except (ValueError, KeyError, TypeError):
             pass  # unreadable cache entry: parse the file again
     info = _parse(p, stat.st_size)
@@ -125,6 +128,7 @@ def read_gguf_info(path: str | os.PathLike, *, use_cache: bool = True) -> GGUFIn
             write_atomic(cache_file, json.dumps(asdict(info)))
         except OSError:
             pass  # an unwritable cache only means parsing the header again next time
+        keep_recent(cache_file.parent, _KEPT_INFOS, "*.json", spare=cache_file)
     return info
 
 

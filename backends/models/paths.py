@@ -31,6 +31,37 @@ def library_dir() -> Path:
     return data_dir() / "models"
 
 
+def keep_recent(folder: Path, keep: int, pattern: str = "*", *, spare: Path | None = None) -> None:
+    """Delete all but the ``keep`` most recently used files of a cache folder (``spare`` is never
+    deleted). Cache entries are keyed by a model file's path and time, so a moved, re-made or
+    deleted model leaves its entry behind for good; without this the dequantized weights the
+    PyTorch backend keeps (0.5-1 GB for a 135-270M model) filled a disk a test run at a time.
+    "Used" is the file's time, which readers refresh with ``mark_used``; ``pattern`` keeps other
+    processes' half-written temporary files out. A file another process holds open (Windows
+    refuses to delete it) stays; the next pruning takes it."""
+    used: list[tuple[int, Path]] = []
+    for file in folder.glob(pattern):
+        try:
+            if file != spare and file.is_file():
+                used.append((file.stat().st_mtime_ns, file))
+        except OSError:  # deleted meanwhile by another process
+            continue
+    used.sort(reverse=True)
+    for _, stale in used[max(keep - (spare is not None), 0):]:
+        try:
+            stale.unlink()
+        except OSError:
+            pass
+
+
+def mark_used(path: Path) -> None:
+    """Refresh a cache entry's time on a hit, so ``keep_recent`` deletes what is no longer read."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file of its own in the same folder, then
     rename: readers see the old content or the new, never half of it. The temporary name is

@@ -26,11 +26,12 @@ from typing import Any, Callable
 import numpy as np
 
 from backends.core.errors import ModelFileError
-from backends.models.paths import cache_dir
+from backends.models.paths import cache_dir, keep_recent, mark_used
 from backends.pytorch.shape import TorchShape, shape_from_gguf, shape_from_hf
 
 Progress = Callable[[float], bool] | None
 CACHE_VERSION = 1  # bump when the cached layout changes
+KEPT_DEQUANTIZED = 3  # dequantized models the cache keeps (each 4 bytes a weight), the most recently used
 
 # Hugging Face parameter names -> canonical ones (after the "model." / "language_model." prefix)
 _HF_LAYER = {
@@ -227,7 +228,9 @@ def cached_gguf_weights(path: str | Path, *, progress: Progress = None):
             with safe_open(str(file), framework="pt") as f:
                 meta = json.loads(f.metadata()["shape"])
             meta["windows"] = tuple(meta["windows"])
-            return TorchShape(**meta), load_file(str(file))
+            weights = load_file(str(file))
+            mark_used(file)
+            return TorchShape(**meta), weights
         except Exception:  # a damaged cache file: made again below
             file.unlink(missing_ok=True)
     shape, arrays = read_gguf(path, progress=progress)
@@ -236,6 +239,7 @@ def cached_gguf_weights(path: str | Path, *, progress: Progress = None):
     tmp = file.with_suffix(".part")
     save_file(weights, str(tmp), metadata={"shape": json.dumps(asdict(shape))})
     tmp.replace(file)
+    keep_recent(file.parent, KEPT_DEQUANTIZED, "*.safetensors", spare=file)
     return shape, weights
 
 
