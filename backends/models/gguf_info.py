@@ -120,8 +120,8 @@ def read_gguf_info(path: str | os.PathLike, *, use_cache: bool = True) -> GGUFIn
             info = _from_json(json.loads(cache_file.read_text()))
             mark_used(cache_file)
             return info
-        except (ValueError, KeyError, TypeError):
-            pass  # unreadable cache entry: parse the file again
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # an unreadable entry, or one another thread's pruning just took: parse the file again
     info = _parse(p, stat.st_size)
     if use_cache:
         try:
