@@ -98,15 +98,15 @@ class ShapeBandit(Bandit):
     """
 
     def __init__(self, shapes: Sequence[tuple[int, int]], *, min_tries: int = 2,
-                 decay: float = 0.97, explore_share: float = 0.003) -> None:
-        """Re-probing the losing shapes may cost 0.3% of the rounds, not the 1% other bandits spend:
-        where no shape pays (every CPU measured so far) the probes are pure loss, and each costs
-        a wide forward for about one token. On SmolLM2 Q4_1 (60 Spec-Bench prompts, cost-model
-        units) lookahead then ran at 0.995 of plain decoding instead of 0.990, exploring in 12
-        steps instead of 33. With the 5 default shapes, one 10% short of paying is re-checked
-        every 185 rounds (an answer or two), one at half speed every 1,700.
+                 decay: float = 0.97, **options: float) -> None:
+        """Re-probing the losing shapes costs the bandit's default 0.3% of the rounds: where no
+        shape pays (every CPU measured so far) the probes are pure loss, and each costs a wide
+        forward for about one token. On SmolLM2 Q4_1 (60 Spec-Bench prompts, cost-model units)
+        lookahead ran at 0.995 of plain decoding with it, 0.990 with a 1% share. With the 5
+        default shapes, one 10% short of paying is re-checked every 185 rounds (an answer or two),
+        one at half speed every 1,700.
         """
-        super().__init__(shapes, baseline=(0, 0), min_tries=min_tries, decay=decay, explore_share=explore_share)
+        super().__init__(shapes, baseline=(0, 0), min_tries=min_tries, decay=decay, **options)
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
