@@ -417,25 +417,34 @@ def test_bandit_margin_gives_near_ties_to_the_simpler_arm():
 
 
 def test_bandit_probes_a_losing_arm_within_the_exploration_share():
+    """A loser is re-checked no sooner than its share allows, and each re-check it loses doubles
+    its gap (32 rounds up to 2,048), each it wins resets it: one that starts winning then plays."""
     from backends.core.controller import Bandit
 
-    def probes(share: float, bad: tuple[float, float] = (1.0, 2.0)) -> list[int]:
+    def probes(share: float, bad: tuple[float, float] = (1.0, 2.0), *, rounds: int = 4000,
+               better_from: int | None = None) -> list[int]:
         bandit = Bandit(["good", "bad"], baseline="ar", min_tries=1, explore_share=share)
-        rounds = []
-        for r in range(4000):
+        played = []
+        for r in range(rounds):
             arm = bandit.choose()
-            bandit.update(arm, *{"good": (2.0, 1.0), "bad": bad, "ar": (1.0, 1.0)}[arm])
+            won = bad if better_from is None or r < better_from else (3.0, 1.0)
+            bandit.update(arm, *{"good": (2.0, 1.0), "bad": won, "ar": (1.0, 1.0)}[arm])
             if arm == "bad":
-                rounds.append(r)
-        return rounds
+                played.append(r)
+        return played
 
-    budgeted = probes(0.02)
-    loss = (2.0 / 0.5 - 1.0) * (len(budgeted) - 1)  # after its trial, each probe of "bad" costs 3 rounds
-    assert len(budgeted) >= 20 and loss / 4000 <= 0.02  # still probed, within its share
-    assert min(b - a for a, b in zip(budgeted, budgeted[1:])) >= 150  # (4 - 1) / 0.02
-    near = probes(0.02, (1.9, 1.0))  # 5% behind: a probe costs 0.05 rounds, so only the gap (32) spaces them
-    assert len(near) > 3 * len(budgeted) and min(b - a for a, b in zip(near, near[1:])) == 32
+    def gaps(rounds: list[int]) -> list[int]:
+        return [b - a for a, b in zip(rounds, rounds[1:])]
+
+    budgeted = probes(0.02)  # after its trial, each probe of "bad" costs 3 rounds: >= 150 apart
+    assert gaps(budgeted) == [150, 150, 150, 256, 512, 1024]
+    near = probes(0.02, (1.9, 1.0))  # 5% behind: a probe costs 0.05 rounds, so only the gap spaces them
+    assert gaps(near) == [32, 64, 128, 256, 512, 1024]
+    assert max(gaps(probes(0.02, rounds=20000))[-3:]) == 2048  # never further apart than max_gap
     assert len(probes(0.0)) == 1  # no share: its one trial, then never again
+    found = gaps(probes(0.02, better_from=1300))  # the re-check due at 2,243 finds it faster: each
+    assert found[:6] == gaps(budgeted) and found[6] > found[7] > found[8]  # one it wins comes sooner,
+    assert found[-50:] == [1] * 50  # and then it plays on
 
 
 def test_bench_compares_each_method_with_the_fastest_other_one():

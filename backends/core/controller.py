@@ -1,8 +1,7 @@
 """Where the planner's per-node chances come from, and whether to draft at all (README: "How
 SpecDeck decides how much to verify"): ``Sizer`` calibrates a drafter's raw estimates on what was
 accepted, ``Ledger`` scores guesses that were not verified, ``Bandit`` learns a choice from measured
-speed (per step in ``TreeSteps``, per answer in ``auto``). Counts forget exponentially, so they follow a
-text that changes character halfway.
+speed (per step in ``TreeSteps``, per answer in ``auto``). All forget: a text may change halfway.
 """
 
 from __future__ import annotations
@@ -119,8 +118,7 @@ class Ledger:
 
     def resolve(self, context: Sequence[int]) -> list[tuple[RankedTree, int]]:
         done, still_open = [], []
-        for item in self._open:
-            start, tree, depth, children = item
+        for start, tree, depth, children in self._open:
             matched, node = 0, -1
             for token in context[start : start + depth]:  # follow the text down the tree
                 node = children.get((node, token))
@@ -130,7 +128,7 @@ class Ledger:
             if node is None or matched == depth:
                 done.append((tree, matched))
             else:
-                still_open.append(item)
+                still_open.append((start, tree, depth, children))
         self._open = still_open
         return done
 
@@ -145,18 +143,20 @@ class Bandit:
     """Which arm to play: the best measured gain (tokens) per cost (plain forwards), with forgetting.
 
     The ``baseline`` (plain decoding) is worth 1 and needs no trials; every other arm is tried
-    ``min_tries`` times, then the best plays. Exploration has one budget: a loser's play costs
-    ``best speed / its speed - 1`` rounds, and losers may cost ``explore_share`` of all rounds,
-    never replayed sooner than ``min_gap`` rounds; so one that starts winning is found again.
-    E.g. ``a`` 2 tokens for 1.5 forwards, ``b`` 1 for 1.2: ``a`` plays (1.33x), ``b`` (0.83x, 0.6
-    rounds lost a play) every 200 rounds at a 0.3% share (at 1%, medusa's re-checks cost 1% on F16).
+    ``min_tries`` times, then the best plays. Exploring has one budget: a loser's play costs ``best
+    speed / its speed - 1`` rounds, losers may cost ``explore_share`` of all rounds, and each re-check
+    it loses doubles its gap (``min_gap`` to ``max_gap`` rounds), one it wins resets it: one that
+    starts winning is found again, one that keeps losing costs ever less (without it medusa's gate
+    drafted 2.7x as long on the F16 bench). E.g. ``a`` 2 tokens for 1.5 forwards, ``b`` 1 for 1.2: ``a`` plays (1.33x), ``b``
+    (0.83x, 0.6 rounds lost a play) every 200 rounds at a 0.3% share, then after 256, 512 ...
     """
 
-    def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4,
-                 decay: float = 0.97, margin: float = 0.0, explore_share: float = 0.003, min_gap: int = 32) -> None:
+    def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4, decay: float = 0.97,
+                 margin: float = 0.0, explore_share: float = 0.003, min_gap: int = 32, max_gap: int = 2048) -> None:
         self.baseline, self.margin = baseline, margin
         self.arms = [a for a in dict.fromkeys(arms) if a != baseline]
-        self.min_tries, self.decay, self.min_gap, self.explore_share = min_tries, decay, min_gap, explore_share
+        self.min_tries, self.decay, self.explore_share = min_tries, decay, explore_share
+        self.min_gap, self.max_gap, self._gap = min_gap, max_gap, dict.fromkeys(self.arms, min_gap)
         self._gain, self._cost = dict.fromkeys(self.arms, 0.0), dict.fromkeys(self.arms, 0.0)
         self._tries, self._last = dict.fromkeys(self.arms, 0), dict.fromkeys(self.arms, 0)  # _last: round last played
         self.chosen: dict[Hashable, int] = {}
@@ -184,25 +184,27 @@ class Bandit:
         due = [a for a in self.arms if a != best and self._round - self._last[a] >= self._spacing(a, best)]
         arm = untried[0] if untried else min(due, key=self._last.__getitem__) if due else best
         self.chosen[arm] = self.chosen.get(arm, 0) + 1
-        if arm != self.baseline:
+        if arm != self.baseline:  # a loser's re-check doubles its gap (``update``: one it wins resets it)
             self._last[arm] = self._round
+            self._gap[arm] = self.min_gap if untried or arm == best else min(2 * self._gap[arm], self.max_gap)
         return arm
 
     def _spacing(self, arm: Hashable, best: Hashable) -> float:
-        """Fewest rounds between plays of a losing ``arm`` that keep its cost within its part of
-        the share (the losers split it evenly)."""
+        """Fewest rounds between plays of a losing ``arm``: its gap, and what keeps its cost within
+        its part of the share (the losers split it evenly)."""
         if self.explore_share <= 0:
             return float("inf")
         losing = max(1, len(self.arms) - (best in self._gain))
         loss = self.speed(best) / max(self.speed(arm), 1e-6) - 1.0  # rounds lost per play
-        return max(float(self.min_gap), loss * losing / self.explore_share)
+        return max(float(self._gap[arm]), loss * losing / self.explore_share)
 
     def update(self, arm: Hashable, gain: float, cost: float) -> None:
         if arm not in self._gain:
             return
+        if gain > cost * self.speed(self.best()):  # a play that beat the best: re-check it soon
+            self._gap[arm] = self.min_gap
         self._tries[arm] += 1
-        self._gain[arm] = self._gain[arm] * self.decay + gain
-        self._cost[arm] = self._cost[arm] * self.decay + cost
+        self._gain[arm], self._cost[arm] = self._gain[arm] * self.decay + gain, self._cost[arm] * self.decay + cost
 
 
 RUN = "run"  # the gate's arm: let the drafter draft (its baseline: draft nothing)
@@ -220,9 +222,8 @@ class TreeSteps:
     a drafter that sizes before it drafts (a draft model) calls ``drafted`` instead of ``propose``.
     """
 
-    def __init__(self, costs: CostModel, *, max_nodes: int, adaptive: bool, prior: float = 0.7,
-                 sizer: Sizer | None = None, gate: Bandit | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, costs: CostModel, *, max_nodes: int, adaptive: bool, prior: float = 0.7, sizer: Sizer | None = None,
+                 gate: Bandit | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.sizer = sizer or Sizer(costs, max_nodes=max_nodes, prior=prior)
         self.gate = gate or Bandit([RUN], baseline="off", min_tries=16, decay=0.99)
         self.costs, self.adaptive, self.clock = self.sizer.costs, adaptive, clock
@@ -231,9 +232,8 @@ class TreeSteps:
     def begin(self) -> None:
         self._ledger = Ledger()
         self._verified: tuple[RankedTree, int] | None = None  # this step's tree and how many nodes went
-        self._context_len = 0
+        self._context_len, self._start = 0, 0.0
         self._ran: float | None = None  # seconds spent drafting this step (None: it did not draft)
-        self._start = 0.0
 
     def open(self, context: Sequence[int], budget: Budget, *, ready: bool = True) -> bool:
         """A step starts: settle withheld trees; whether to draft now (``ready``: the drafter has

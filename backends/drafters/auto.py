@@ -34,12 +34,12 @@ class MethodSelector:
     booked when the next answer starts (a drafter is not told that an answer ended)."""
 
     def __init__(self, arms: Sequence[str], *, min_tries: int = 3, decay: float = 0.95, margin: float = 0.03,
-                 explore_share: float = 0.02, min_gap: int = 4) -> None:
-        """An answer is a round, so losers get a larger share than a per-step bandit's 1% and a
-        shorter gap: one 10% behind is played again about every 6 answers per losing arm."""
+                 explore_share: float = 0.02, min_gap: int = 4, max_gap: int = 64) -> None:
+        """An answer is a round, so losers get a larger share than a per-step bandit's 0.3% and
+        shorter gaps: one 10% behind is played again after about 6 answers per losing arm, then 8 ... 64."""
         self.arms = list(arms)
         self._make = lambda: Bandit(self.arms, baseline=PLAIN, min_tries=min_tries, decay=decay, margin=margin,
-                                    explore_share=explore_share, min_gap=min_gap)
+                                    explore_share=explore_share, min_gap=min_gap, max_gap=max_gap)
         self.bandits: dict[Hashable, Bandit] = {}
         self._open: tuple[Hashable, str] | None = None
         self._tokens = self._cost = 0.0
