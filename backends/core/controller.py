@@ -146,9 +146,9 @@ class Bandit:
     ``min_tries`` times, then the best plays. Exploring has one budget: a loser's play costs ``best
     speed / its speed - 1`` rounds, losers may cost ``explore_share`` of all rounds, and each re-check
     it loses doubles its gap (``min_gap`` to ``max_gap`` rounds), one it wins resets it: one that
-    starts winning is found again, one that keeps losing costs ever less (without it medusa's gate
-    drafted 2.7x as long on the F16 bench). E.g. ``a`` 2 tokens for 1.5 forwards, ``b`` 1 for 1.2: ``a`` plays (1.33x), ``b``
-    (0.83x, 0.6 rounds lost a play) every 200 rounds at a 0.3% share, then after 256, 512 ...
+    starts winning is found again, one that keeps losing costs ever less. E.g. ``a`` 2 tokens for
+    1.5 forwards, ``b`` 1 for 1.2: ``a`` plays (1.33x); ``b`` (0.83x, 0.6 rounds lost a play) every
+    200 rounds at a 0.3% share, then 256, 512 ... (fixed gaps: medusa's gate drafted 1.4x as long).
     """
 
     def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4, decay: float = 0.97,
