@@ -33,7 +33,7 @@ pack() {
         --exclude='vendor/llama.cpp/models/*' --exclude='*.git*' "$(basename "$src")"
     cp "$src/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" "$PACK/vocab.gguf"
     cp ../shared/benchmarks/spec_bench/question.jsonl "$PACK/question.jsonl"
-    "$py" -m pip download -q --no-deps --only-binary=:all: -d "$PACK" "platformdirs>=4,<5"
+    "$py" -m pip download -q --no-deps --only-binary=:all: -d "$PACK" "platformdirs>=4,<5" "threadpoolctl>=3.1,<4"
     du -sh "$PACK"
 }
 
@@ -49,7 +49,7 @@ run() {
 -DLLAVA_BUILD=OFF -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_ARCHITECTURES=${arch}-real" \
     CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
         "$py" -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" /tmp/src/llama-cpp-python-"$VERSION"
-    "$py" -m pip install -q --no-index --no-deps --target "$site" "$PACK"/platformdirs-*.whl
+    "$py" -m pip install -q --no-index --no-deps --target "$site" "$PACK"/platformdirs-*.whl "$PACK"/threadpoolctl-*.whl
     echo "gpu check: built in $(( $(date +%s) - start )) s" | tee "$out/build.txt"
     ls -la "$site/llama_cpp/lib" >> "$out/build.txt"
     export PYTHONPATH="$site:$PWD:/tmp/src/llama-cpp-python-$VERSION/vendor/llama.cpp/gguf-py"

@@ -159,8 +159,7 @@ class Bandit:
         self.min_gap, self.max_gap, self._gap = min_gap, max_gap, dict.fromkeys(self.arms, min_gap)
         self._gain, self._cost = dict.fromkeys(self.arms, 0.0), dict.fromkeys(self.arms, 0.0)
         self._tries, self._last = dict.fromkeys(self.arms, 0), dict.fromkeys(self.arms, 0)  # _last: round last played
-        self.chosen: dict[Hashable, int] = {}
-        self._round = 0
+        self.chosen, self._round, self._quiet = {}, 0, (baseline, 0)  # _quiet: the best, the round a loser is due
 
     def speed(self, arm: Hashable) -> float:
         """Gain per unit of cost (1.0 for the baseline and for an arm never measured)."""
@@ -179,10 +178,15 @@ class Bandit:
 
     def choose(self) -> Hashable:
         self._round += 1
+        if self._round < self._quiet[1]:  # nothing due: a closed gate's step (13 us of Python after a forward)
+            self.chosen[self._quiet[0]] += 1
+            return self._quiet[0]
         untried = [a for a in self.arms if self._tries[a] < self.min_tries]
         best = self.best()
         due = [a for a in self.arms if a != best and self._round - self._last[a] >= self._spacing(a, best)]
         arm = untried[0] if untried else min(due, key=self._last.__getitem__) if due else best
+        if arm == best == self.baseline and not untried:
+            self._quiet = (best, min((self._last[a] + self._spacing(a, best) for a in self.arms), default=float("inf")))
         self.chosen[arm] = self.chosen.get(arm, 0) + 1
         if arm != self.baseline:  # a loser's re-check doubles its gap (``update``: one it wins resets it)
             self._last[arm] = self._round
@@ -201,6 +205,7 @@ class Bandit:
     def update(self, arm: Hashable, gain: float, cost: float) -> None:
         if arm not in self._gain:
             return
+        self._quiet = (self.baseline, 0)  # speeds change: due rounds too
         if gain > cost * self.speed(self.best()):  # a play that beat the best: re-check it soon
             self._gap[arm] = self.min_gap
         self._tries[arm] += 1

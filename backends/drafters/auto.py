@@ -52,14 +52,12 @@ class MethodSelector:
 
     def add(self, tokens: int, cost: float) -> None:
         """One step of the running answer: tokens emitted and their cost in plain forwards."""
-        self._tokens += tokens
-        self._cost += cost
+        self._tokens, self._cost = self._tokens + tokens, self._cost + cost
 
     def close(self) -> None:
         """Book the running answer's tally with its bandit."""
         if self._open is not None and self._tokens > 0:
-            kind, arm = self._open
-            self.bandits[kind].update(arm, self._tokens, self._cost)
+            self.bandits[self._open[0]].update(self._open[1], self._tokens, self._cost)
         self._open, self._tokens, self._cost = None, 0.0, 0.0
 
     def report(self) -> dict[Hashable, dict[str, dict[str, float]]]:
