@@ -67,6 +67,16 @@ def test_this_process_runs_a_probed_variant():
     assert runtime.variant in runtime.why or "best" in runtime.why
 
 
+def test_numpys_blas_runs_on_one_thread_beside_llama_cpp():
+    """The heads' numpy matrices run between llama.cpp's forwards: BLAS threads of their own would
+    fight llama.cpp's for the cores (a Medusa run 7.4 ms at two threads on 2 cores, 2.6 at one)."""
+    from threadpoolctl import threadpool_info
+
+    cpu_runtime()  # llama.cpp initialized in this process
+    blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas"]
+    assert blas and all(lib["num_threads"] == 1 for lib in blas), blas
+
+
 def test_a_variant_that_dies_by_sigill_is_reported_and_skipped(module_dir, tmp_path):
     cache = tmp_path / "probe.json"
     runtime = llama_runtime.choose(dirs=[module_dir], cache_file=cache, use_cache=False, forced="")

@@ -447,6 +447,30 @@ def test_bandit_probes_a_losing_arm_within_the_exploration_share():
     assert found[-50:] == [1] * 50  # and then it plays on
 
 
+def test_a_closed_gate_answers_its_quiet_rounds_as_the_full_choice_would():
+    """The bandit remembers until which round no loser is due while plain decoding is best (a
+    closed gate's every step, answered without recomputing); each update forgets it. The choices
+    must be exactly those of a bandit that recomputes every round."""
+    from backends.core.controller import Bandit
+
+    def plays(recompute: bool) -> tuple[list[str], int]:
+        bandit, played, quiet = Bandit(["run"], baseline="off", min_tries=4), [], 0
+        for r in range(6000):
+            if recompute:
+                bandit._quiet = (bandit.baseline, 0)
+            quiet += bandit._round + 1 < bandit._quiet[1]
+            arm = bandit.choose()
+            played.append(arm)
+            if arm == "run":  # loses (0.7 tokens a forward), then wins from round 3000 (1.5)
+                bandit.update("run", 1.5 if r >= 3000 else 0.7, 1.0)
+        return played, quiet
+
+    cached, quiet = plays(False)
+    assert cached == plays(True)[0]
+    assert quiet > 2500  # the quiet path answered most rounds of the losing stretch
+    assert 4 < cached[:3000].count("run") < 100 and cached[-100:] == ["run"] * 100
+
+
 def test_bench_compares_each_method_with_the_fastest_other_one():
     from backends.bench import against_fastest
 
