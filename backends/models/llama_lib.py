@@ -98,9 +98,12 @@ def _single_blas_thread() -> None:
     """numpy's BLAS (the trained heads' matrices) gets one thread for the whole process: it runs
     between llama.cpp's forwards, whose threads still spin on the cores. On 2 cores a run of the
     Medusa heads took 7.4 ms at numpy's 2 threads there, 2.6 ms at one (1.4 ms alone, 0.8 at two)."""
-    from threadpoolctl import threadpool_limits
+    try:
+        from threadpoolctl import threadpool_limits
 
-    threadpool_limits(1, user_api="blas")  # kept after the call (not used as a context manager)
+        threadpool_limits(1, user_api="blas")  # kept after the call (not used as a context manager)
+    except Exception as exc:  # a speed setting: never a reason to refuse llama.cpp
+        log.warning("numpy's BLAS threads were left as they are: %s", exc)
 
 
 _FUNC_PREFIX = re.compile(r"^(?:[a-z_0-9]+: )+")
