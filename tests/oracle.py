@@ -131,7 +131,7 @@ class OracleTarget:
                 rows.append(self.logits_for(base + path))
         self._pending = (root, proposal.tokens)
         hidden = None
-        if self._keep_hidden:
+        if self._keep_hidden and proposal.states:  # as llama.cpp: no states where none are wanted
             mask = compile_tree(proposal.parents).mask if proposal.size else None
             hidden = np.stack([self.state_for(base)] + [
                 self.state_for(base + [proposal.tokens[j] for j in np.flatnonzero(mask[i])]) for i in range(proposal.size)])

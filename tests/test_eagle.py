@@ -18,7 +18,7 @@ from backends.drafters.eagle import EagleDrafter, EagleSettings
 from backends.heads.eagle import EagleHead, EagleShape
 from backends.heads.files import HeadFile, ModelFingerprint
 from tests.oracle import OracleTarget
-from tests.test_engine import COSTS
+from tests.test_engine import COSTS, plain_greedy
 from tests.test_heads import accepted_matching_plain_greedy, oracle_prompt, record_oracle
 
 torch = pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
@@ -223,3 +223,46 @@ def test_a_head_could_pay_only_where_verifying_is_cheap_enough():
     assert could_pay(chances, flat, lambda depth: 0.05 * depth)
     assert not could_pay(chances, steep, lambda depth: 0.05 * depth)
     assert not could_pay(chances, flat, lambda depth: 1.0 * depth)  # a head as dear as the model
+
+
+def test_a_head_whose_gate_stays_shut_asks_for_no_states_and_drafts_as_if_it_had(oracle_eagle):
+    """While no re-try is due for ``IDLE_ROWS`` steps, a step asks the target for no hidden states
+    (llama.cpp's cost about 1% of an F16 forward); the steps before a re-try do, so each re-try
+    catches up on exactly those rows and drafts the trees it would have drafted with every state;
+    the output stays plain decoding's."""
+    from dataclasses import replace
+
+    from backends.core.controller import RUN, Bandit
+    from backends.drafters.eagle import IDLE_ROWS
+
+    def run(every_state: bool) -> tuple[list[bool], list[tuple[list[int], int]], list[tuple], tuple[int, ...]]:
+        gate = Bandit([RUN], baseline="off", min_tries=1, decay=0.99, explore_share=0.05)
+        for _ in range(20):
+            gate.update(RUN, 1.0, 10.0)  # drafting lost here so far: re-tried every ~150 steps
+        drafter = EagleDrafter(EagleHead(oracle_eagle, embed), EagleSettings(), costs=COSTS, gate=gate)
+        oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE, n_ctx=2048)
+        asked, retries, drafted = [], [], []
+        verify, catch_up = oracle.verify, drafter._catch_up
+
+        def verify_noting(root: int, proposal):
+            asked.append(proposal.states)
+            if proposal.size:
+                drafted.append((proposal.tokens, proposal.parents))
+            return verify(root, replace(proposal, states=True) if every_state else proposal)
+
+        def caught_up() -> None:
+            retries.append(([row[2] for row in drafter._pending], drafter._root))
+            catch_up()
+
+        oracle.verify, drafter._catch_up = verify_noting, caught_up
+        finished = list(generate(oracle, drafter, oracle_prompt(5), GenerationSettings(max_new_tokens=600)))[-1]
+        return asked, retries, drafted, finished.tokens
+
+    asked, retries, drafted, tokens = run(every_state=False)
+    assert list(tokens) == plain_greedy(OracleTarget(VOCAB, seed=7, hidden_size=WIDE), oracle_prompt(5), 600,
+                                        SamplingSettings())
+    assert asked.count(False) > len(asked) / 2, f"{asked.count(False)} of {len(asked)} steps went without states"
+    assert len(retries) >= 3 and drafted
+    for rows, root in retries:  # the rows right before the root, no older
+        assert rows == list(range(root - IDLE_ROWS, root))
+    assert run(every_state=True)[2] == drafted  # the same trees as with every state at hand

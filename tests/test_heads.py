@@ -208,6 +208,37 @@ def test_a_prefill_computes_states_only_from_where_the_drafter_reads(smollm_q4_p
         part.close()
 
 
+def test_a_step_that_wants_no_states_gets_none_and_the_kept_states_start_again_after_it(smollm_q4_path):
+    """``QUIET_PROPOSAL``: llama.cpp computes the same logits without handing out the state; the
+    kept states then run from the step after it, and a prefill that needs one from the gap
+    computes it instead of handing out what was never kept."""
+    from backends.core.types import QUIET_PROPOSAL
+    from backends.llamacpp.model import LlamaModel
+    from backends.llamacpp.target import LlamaTarget
+
+    with LlamaModel(smollm_q4_path) as model:
+        tokens = model.tokenize("The quick brown fox jumps over the lazy dog, and then it")
+        target = LlamaTarget(model, n_ctx=256)
+        target.prefill(tokens[:-1], hidden=True)
+        n = len(tokens) - 1
+        with_states = target.verify(tokens[-1], Proposal())
+        logits = np.array(with_states.logits)
+        target.commit(Verdict((), (7,), 0, 0))
+        target.truncate(n)
+        quiet = target.verify(tokens[-1], QUIET_PROPOSAL)
+        assert quiet.hidden is None and np.array_equal(np.array(quiet.logits), logits)
+        target.commit(Verdict((), (7,), 0, 0))
+        after = target.verify(7, Proposal())
+        assert after.hidden.shape == (1, model.n_embd)
+        target.commit(Verdict((), (8,), 0, 0))
+        assert np.allclose(target.hidden_states(n + 1, n + 2)[0], after.hidden[0], atol=1e-2)
+        with pytest.raises(BackendError, match="not kept"):
+            target.hidden_states(n, n + 2)  # the quiet step's position
+        assert target.prefill([*tokens, 7, 8], hidden=True, hidden_from=n) == n  # recomputed from the gap
+        assert target.hidden_states(n, n + 2).shape == (2, model.n_embd)
+        target.close()
+
+
 def test_recorder_keeps_one_state_per_position_but_the_last(smollm_q4_path):
     from backends.llamacpp.model import LlamaModel
     from backends.llamacpp.target import LlamaTarget

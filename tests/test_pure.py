@@ -447,6 +447,26 @@ def test_bandit_probes_a_losing_arm_within_the_exploration_share():
     assert found[-50:] == [1] * 50  # and then it plays on
 
 
+def test_an_arm_whose_tries_lose_much_is_tried_fewer_times():
+    """A try that lost more than ``try_loss`` rounds counts as several: a drafter whose every
+    try costs 2.5 forwards for one token (a head on a slow CPU) is not tried 16 times; one whose
+    tries cost little, or win, is."""
+    from backends.core.controller import Bandit
+
+    def tries(gain: float, cost: float, rounds: int = 20) -> int:
+        bandit, n = Bandit(["run"], baseline="off", min_tries=16, try_loss=0.5), 0
+        for _ in range(rounds):
+            if bandit.choose() == "run":
+                bandit.update("run", gain, cost)
+                n += 1
+        return n
+
+    assert tries(1.0, 2.5) == 6  # 1.5 rounds lost a try, counted 3: the sixth passes 16
+    assert tries(1.0, 1.05) == 16  # 5% slower: all 16, then spaced out by the share
+    assert tries(2.0, 1.2, 100) == 100  # a winner is tried, then plays
+    assert Bandit(["run"], baseline="off", min_tries=16).try_loss == float("inf")  # by default a try counts one
+
+
 def test_a_closed_gate_answers_its_quiet_rounds_as_the_full_choice_would():
     """The bandit remembers until which round no loser is due while plain decoding is best (a
     closed gate's every step, answered without recomputing); each update forgets it. The choices

@@ -34,8 +34,7 @@ class Sizer:
     def __init__(self, costs: CostModel, *, max_nodes: int, prior: float = 1.0, prior_weight: float = 2.0,
                  decay: float = 0.95, probe_every: int | None = None, min_gain: float = MIN_GAIN) -> None:
         self.costs, self.max_nodes, self.probe_every = costs, max_nodes, probe_every
-        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self.min_gain = min_gain  # expected speedup a verify must promise (covers estimation noise)
+        self.prior, self.prior_weight, self.decay, self.min_gain = prior, prior_weight, decay, min_gain
         self._sums: dict[Hashable, list[list[float]]] = {}  # bucket -> [depth][accepted, predicted, trees]
         self._idle: dict[Hashable, int] = {}
 
@@ -143,17 +142,18 @@ class Bandit:
     """Which arm to play: the best measured gain (tokens) per cost (plain forwards), with forgetting.
 
     The ``baseline`` (plain decoding) is worth 1 and needs no trials; every other arm is tried
-    ``min_tries`` times, then the best plays. Exploring has one budget: a loser's play costs ``best
-    speed / its speed - 1`` rounds, losers may cost ``explore_share`` of all rounds, and each re-check
-    it loses doubles its gap (``min_gap`` to ``max_gap`` rounds), one it wins resets it: one that
-    starts winning is found again, one that keeps losing costs ever less. E.g. ``a`` 2 tokens for
-    1.5 forwards, ``b`` 1 for 1.2: ``a`` plays (1.33x); ``b`` (0.83x, 0.6 rounds lost a play) every
-    200 rounds at a 0.3% share, then 256, 512 ... (fixed gaps: medusa's gate drafted 1.4x as long).
+    ``min_tries`` times (one that lost ``L > try_loss`` rounds counts ``L / try_loss``), then the best
+    plays. Exploring has one budget: a loser's play costs ``best speed / its speed - 1`` rounds, losers
+    may cost ``explore_share`` of all rounds, each re-check it loses doubles its gap (``min_gap`` to
+    ``max_gap`` rounds), one it wins resets it: one that starts winning is found again, one that keeps
+    losing costs ever less. E.g. ``a`` 2 tokens for 1.5 forwards, ``b`` 1 for 1.2: ``a`` plays (1.33x);
+    ``b`` (0.83x, 0.6 rounds lost a play) every 200 rounds at a 0.3% share, then 256, 512 ...
     """
 
     def __init__(self, arms: Sequence[Hashable], *, baseline: Hashable = None, min_tries: int = 4, decay: float = 0.97,
-                 margin: float = 0.0, explore_share: float = 0.003, min_gap: int = 32, max_gap: int = 2048) -> None:
-        self.baseline, self.margin = baseline, margin
+                 margin: float = 0.0, explore_share: float = 0.003, min_gap: int = 32, max_gap: int = 2048,
+                 try_loss: float = float("inf")) -> None:
+        self.baseline, self.margin, self.try_loss = baseline, margin, try_loss
         self.arms = [a for a in dict.fromkeys(arms) if a != baseline]
         self.min_tries, self.decay, self.explore_share = min_tries, decay, explore_share
         self.min_gap, self.max_gap, self._gap = min_gap, max_gap, dict.fromkeys(self.arms, min_gap)
@@ -163,9 +163,7 @@ class Bandit:
 
     def speed(self, arm: Hashable) -> float:
         """Gain per unit of cost (1.0 for the baseline and for an arm never measured)."""
-        if arm == self.baseline or self._cost.get(arm, 0.0) <= 0.0:
-            return 1.0
-        return self._gain[arm] / self._cost[arm]
+        return 1.0 if arm == self.baseline or self._cost.get(arm, 0.0) <= 0.0 else self._gain[arm] / self._cost[arm]
 
     def best(self) -> Hashable:
         """The fastest arm, where an arm listed later (the baseline last) must beat the ones before
@@ -193,6 +191,10 @@ class Bandit:
             self._gap[arm] = self.min_gap if untried or arm == best else min(2 * self._gap[arm], self.max_gap)
         return arm
 
+    def quiet_for(self) -> float:
+        """How many rounds after this one surely go to plain decoding (no loser is due before)."""
+        return max(0.0, self._quiet[1] - self._round - 1)
+
     def _spacing(self, arm: Hashable, best: Hashable) -> float:
         """Fewest rounds between plays of a losing ``arm``: its gap, and what keeps its cost within
         its part of the share (the losers split it evenly)."""
@@ -208,7 +210,7 @@ class Bandit:
         self._quiet = (self.baseline, 0)  # speeds change: due rounds too
         if gain > cost * self.speed(self.best()):  # a play that beat the best: re-check it soon
             self._gap[arm] = self.min_gap
-        self._tries[arm] += 1
+        self._tries[arm] += max(1.0, (cost * self.speed(self.best()) / max(gain, 1e-9) - 1.0) / self.try_loss)
         self._gain[arm], self._cost[arm] = self._gain[arm] * self.decay + gain, self._cost[arm] * self.decay + cost
 
 
@@ -222,34 +224,36 @@ class TreeSteps:
     Whether: the ``gate``, one ``Bandit`` arm against drafting nothing, scored per step drafted as
     tokens over the verify's cost plus the drafter's own seconds, in plain forwards, so "cannot pay
     here" is a measurement, not a flag; kept across a session's answers with a slow memory (about
-    100 steps: drafting that pays only in rare runs). How much: the ``sizer``; a withheld tree goes
-    to a ``Ledger``. Per step: ``open`` (False: don't draft), rank, ``propose(tree)``, ``observe``;
-    a drafter that sizes before it drafts (a draft model) calls ``drafted`` instead of ``propose``.
+    100 steps: drafting that pays only in rare runs); 16 tries, a head's losing 1.5 steps count 3.
+    How much: the ``sizer``; a withheld tree goes to a ``Ledger``. Per step: ``open`` (False: don't
+    draft), rank, ``propose(tree)``, ``observe``; a drafter that sizes first calls ``drafted``.
     """
 
     def __init__(self, costs: CostModel, *, max_nodes: int, adaptive: bool, prior: float = 0.7, sizer: Sizer | None = None,
                  gate: Bandit | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.sizer = sizer or Sizer(costs, max_nodes=max_nodes, prior=prior)
-        self.gate = gate or Bandit([RUN], baseline="off", min_tries=16, decay=0.99)
+        self.gate = gate or Bandit([RUN], baseline="off", min_tries=16, decay=0.99, try_loss=0.5)
         self.costs, self.adaptive, self.clock = self.sizer.costs, adaptive, clock
         self.begin()
 
     def begin(self) -> None:
         self._ledger = Ledger()
         self._verified: tuple[RankedTree, int] | None = None  # this step's tree and how many nodes went
-        self._context_len, self._start = 0, 0.0
+        self._context_len, self._start, self.quiet = 0, 0.0, False
         self._ran: float | None = None  # seconds spent drafting this step (None: it did not draft)
 
-    def open(self, context: Sequence[int], budget: Budget, *, ready: bool = True) -> bool:
-        """A step starts: settle withheld trees; whether to draft now (``ready``: the drafter has
-        what it reads this step); if so the clock starts."""
+    def open(self, context: Sequence[int], budget: Budget, *, ready: bool = True, lead: int = 0) -> bool:
+        """A step starts: settle withheld trees; whether to draft now (``ready``: the drafter has what
+        it reads this step, or is ``quiet``); if so the clock starts. ``quiet``: the gate stays shut
+        ``lead`` steps more, so the step's hidden states will not be read (``QUIET_PROPOSAL``)."""
         self._context_len = len(context)
         self._verified = self._ran = None
         for tree, matched in self._ledger.resolve(context):
             self.sizer.update(tree, len(tree.tokens), matched)
         if not (ready and budget.max_nodes > 0 and budget.max_depth > 0) or (self.adaptive and self.gate.choose() != RUN):
+            self.quiet = self.adaptive and 0 < lead <= self.gate.quiet_for()
             return False
-        self._ran, self._start = 0.0, self.clock()
+        self._ran, self._start, self.quiet = 0.0, self.clock(), False
         return True
 
     def drafted(self) -> None:
@@ -260,10 +264,8 @@ class TreeSteps:
     def propose(self, tree: RankedTree) -> Proposal:
         """``tree`` ranked best first: the prefix worth verifying (or nothing, and the ledger)."""
         self.drafted()
-        if self.adaptive:
-            n, chances = self.sizer.plan(tree, context=self._context_len)
-        else:
-            n, chances = len(tree.tokens), self.sizer.chances(tree)
+        n, chances = (self.sizer.plan(tree, context=self._context_len) if self.adaptive
+                      else (len(tree.tokens), self.sizer.chances(tree)))
         if n == 0:
             self._ledger.add(self._context_len, tree)
             return EMPTY_PROPOSAL

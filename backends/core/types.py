@@ -87,12 +87,16 @@ class Proposal:
     accepts node ``i`` and every node above it (so a child never exceeds its parent); ``None``
     when the drafter has none. Whoever combines or cuts proposals (``specinfer``) reads them
     here instead of asking the drafter afterwards.
+
+    ``states`` False: the drafter does not read this step's hidden states (a head whose gate stays
+    closed for a while), so the target may skip them: llama.cpp's cost about 1% of an F16 forward.
     """
 
     tokens: tuple[int, ...] = ()
     parents: tuple[int, ...] = ()
     draft_probs: tuple[np.ndarray | None, ...] | None = None
     chances: tuple[float, ...] | None = None
+    states: bool = True
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -149,10 +153,11 @@ class Proposal:
         parents = tuple(-1 if self.parents[i] < 0 else new_index[self.parents[i]] for i in keep)
         probs = None if self.draft_probs is None else tuple(self.draft_probs[i] for i in keep)
         chances = None if self.chances is None else tuple(self.chances[i] for i in keep)
-        return Proposal(tuple(self.tokens[i] for i in keep), parents, probs, chances)
+        return Proposal(tuple(self.tokens[i] for i in keep), parents, probs, chances, self.states)
 
 
 EMPTY_PROPOSAL = Proposal()
+QUIET_PROPOSAL = Proposal(states=False)  # nothing drafted, and no hidden states wanted this step
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ the head's cache, for the accepted prefix only. Steps the gate left undrafted st
 accepted rows' true states, which the next drafting step catches up on; while drafting loses, only
 the last ``IDLE_ROWS`` of them: a re-try then costs a few rows, not the whole prompt (up to 512
 rows; on SmolLM2 F16's rag prompts eagle2 spent 0.75 ms a step drafting yet verified nothing), and
-the head reads past a gap.
+the head reads past a gap. While the gate stays shut longer than that, the steps ask for no states
+(``QUIET_PROPOSAL``: llama.cpp's cost about 1% of an F16 forward).
 
 Lossless: every node is a deterministic proposal (one-hot ``q``) checked by SpecDeck's acceptance
 rules: greedy output is plain decoding's, and sampling keeps the target's distribution (a
@@ -44,8 +45,8 @@ from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
 from backends.core.settings import Settings, bounded
 from backends.core.timing import median_seconds
-from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, LAYER_STATES, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput,
-                                 Verdict)
+from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, LAYER_STATES, QUIET_PROPOSAL, ROLLBACK, TREE, Budget,
+                                 Proposal, RankedTree, TargetOutput, Verdict)
 from backends.heads.eagle import EagleHead
 
 CATCH_UP_CHUNK = 128  # rows the head takes in one forward while catching up
@@ -121,13 +122,18 @@ class EagleDrafter(Drafter):
         self.settings = settings or EagleSettings()
         self.state_layers = tuple(head.state_layers)  # the final state, or the layers an EAGLE-3 head fuses
         self.requires = frozenset({HIDDEN_STATES, ROLLBACK, TREE} | ({LAYER_STATES} if self.state_layers else set()))
-        self.prompt_states = self.settings.context_rows
         costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
         self.steps = TreeSteps(costs, max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, prior=0.8,
                                sizer=sizer, gate=gate, clock=clock)
         self.sizer, self.gate = self.steps.sizer, self.steps.gate
         self.cache = head.new_cache()
         self.begin([])
+
+    @property
+    def prompt_states(self) -> int:
+        """Prompt rows the head reads at ``begin``: while drafting loses, only those a re-try reads
+        (the prefill hands out logits for every row it gives states for)."""
+        return IDLE_ROWS if self.steps.adaptive and self.gate.best() != RUN else self.settings.context_rows
 
     def head_forwards(self, seconds_per_forward: float) -> Callable[[int], float]:
         """The head's time per step in target forwards, by chain depth: the catch-up forward and one
@@ -179,8 +185,8 @@ class EagleDrafter(Drafter):
             del self._pending[:-IDLE_ROWS]
         known = bool(self._pending) and self._pending[-1][2] == self._root - 1
         ready = known or (self._frontier is not None and self._frontier[0] == self._root - 1)
-        if not self.steps.open(context, budget, ready=ready):
-            return EMPTY_PROPOSAL
+        if not self.steps.open(context, budget, ready=ready or self.steps.quiet, lead=IDLE_ROWS):
+            return QUIET_PROPOSAL if self.steps.quiet else EMPTY_PROPOSAL
         self._catch_up()
         try:
             tree = self._grow(budget)
@@ -220,6 +226,8 @@ class EagleDrafter(Drafter):
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.steps.observe(out, verdict)
         if out.hidden is None:
+            if self.steps.quiet:  # none asked for: the rows before the next re-try will have them
+                return
             raise SpecDeckError("the target returned no hidden states: an EAGLE head cannot draft without them")
         rows = [0] + [i + 1 for i in verdict.path]  # the root's and each accepted node's state
         for k, (row, token) in enumerate(zip(rows, verdict.tokens)):

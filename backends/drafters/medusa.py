@@ -36,8 +36,8 @@ from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
 from backends.core.settings import Settings, bounded
 from backends.core.timing import median_seconds
-from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput,
-                                 Verdict)
+from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, QUIET_PROPOSAL, ROLLBACK, TREE, Budget, Proposal,
+                                 RankedTree, TargetOutput, Verdict)
 from backends.heads.medusa import MedusaHeads
 
 @dataclass(frozen=True)
@@ -104,8 +104,8 @@ class MedusaDrafter(Drafter):
         self.steps.begin()
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
-        if not self.steps.open(context, budget, ready=self._state is not None):
-            return EMPTY_PROPOSAL
+        if not self.steps.open(context, budget, ready=self._state is not None or self.steps.quiet, lead=1):
+            return QUIET_PROPOSAL if self.steps.quiet else EMPTY_PROPOSAL  # no state is read before a re-try
         s = self.settings
         ids, probs = self.heads.top(self._state, s.width)
         limit = min(s.max_nodes, budget.max_nodes)
@@ -114,6 +114,6 @@ class MedusaDrafter(Drafter):
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.steps.observe(out, verdict)
-        if out.hidden is None:
+        if out.hidden is None and not self.steps.quiet:
             raise SpecDeckError("the target returned no hidden states: Medusa heads cannot draft without them")
-        self._state = out.hidden[verdict.path[-1] + 1 if verdict.path else 0]
+        self._state = None if out.hidden is None else out.hidden[verdict.path[-1] + 1 if verdict.path else 0]

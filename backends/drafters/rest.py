@@ -56,9 +56,7 @@ class RESTDrafter(Drafter):
         self.steps = TreeSteps(costs, max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive,
                                sizer=sizer, gate=gate, clock=clock)
         self.sizer, self.gate = self.steps.sizer, self.steps.gate
-        if self.settings.conversation and conversation is None:
-            conversation = PLDDrafter(costs=costs)
-        self.conversation = conversation if self.settings.conversation else None
+        self.conversation = (conversation or PLDDrafter(costs=costs)) if self.settings.conversation else None
         self.begin([])
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:

@@ -366,7 +366,8 @@ class LlamaTarget:
             paths = None
         else:
             paths = self._fill_tree(root, proposal)
-        self._use_embeddings(self._keep_hidden)
+        states = self._keep_hidden and proposal.states  # a drafter that reads none this step: skip them
+        self._use_embeddings(states)
         try:
             self._decode(n)
         except BackendError:
@@ -377,7 +378,7 @@ class LlamaTarget:
         self._pending = (root, list(proposal.tokens), paths)
         logits = np.ctypeslib.as_array(llama().llama_get_logits(self.ctx), shape=(n, self.n_vocab))  # [1 + n, vocab]
         logits.flags.writeable = False
-        hidden = self._read_hidden(n).copy() if self._keep_hidden else None  # [1 + n, hidden_size], small
+        hidden = self._read_hidden(n).copy() if states else None  # [1 + n, hidden_size], small
         self._last_hidden = hidden
         decodes = self._decodes
         return TargetOutput(logits=logits, hidden=hidden, seconds=time.perf_counter() - start,
@@ -407,6 +408,8 @@ class LlamaTarget:
         if self._last_hidden is not None:
             self._kept.store(base, self._last_hidden[[0, *(i + 1 for i in verdict.path)]])
             self._last_hidden = None
+        elif self._keep_hidden:  # a step without states: the kept run starts over after it
+            self._kept.begin_at(keep)
         self._tokens.append(root)
         self._tokens.extend(tokens[i] for i in verdict.path)
         if not (removed and self._holds(keep)):
