@@ -133,7 +133,11 @@ class EagleDrafter(Drafter):
     def prompt_states(self) -> int:
         """Prompt rows the head reads at ``begin``: while drafting loses, only those a re-try reads
         (the prefill hands out logits for every row it gives states for)."""
-        return IDLE_ROWS if self.steps.adaptive and self.gate.best() != RUN else self.settings.context_rows
+        return IDLE_ROWS if self._losing() else self.settings.context_rows
+
+    def _losing(self) -> bool:
+        """The gate finds drafting loses here: only the last ``IDLE_ROWS`` rows are worth keeping."""
+        return self.steps.adaptive and self.gate.best() != RUN
 
     def head_forwards(self, seconds_per_forward: float) -> Callable[[int], float]:
         """The head's time per step in target forwards, by chain depth: the catch-up forward and one
@@ -181,7 +185,7 @@ class EagleDrafter(Drafter):
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._root = len(context) - 1
-        if len(self._pending) > IDLE_ROWS and self.steps.adaptive and self.gate.best() != RUN:
+        if len(self._pending) > IDLE_ROWS and self._losing():
             del self._pending[:-IDLE_ROWS]
         known = bool(self._pending) and self._pending[-1][2] == self._root - 1
         ready = known or (self._frontier is not None and self._frontier[0] == self._root - 1)
