@@ -105,3 +105,20 @@ def test_dequantized_weights_are_kept_for_the_most_recent_models_only(tmp_path, 
     assert shape_a == shape_b and all(bool((wa[k] == wb[k]).all()) for k in wa)
     again_shape, again = weights.load_weights(b)  # read back from the kept entry
     assert again_shape == shape_b and all(bool((again[k] == wb[k]).all()) for k in wb)
+
+
+def test_an_entry_read_right_after_another_was_written_counts_as_the_newer(tmp_path):
+    """The kernel's clock for file times ticks every few milliseconds: a hit right after another
+    entry's write tied with it, and the tie went to the file names (half the time the wrong one)."""
+    from backends.models.paths import keep_recent, mark_used
+
+    for i in range(20):
+        folder = tmp_path / str(i)
+        names = ("a.json", "z.json") if i % 2 else ("z.json", "a.json")  # names that sort either way round
+        old, new = folder / names[0], folder / names[1]
+        write_atomic(old, "{}")
+        write_atomic(new, "{}")
+        keep_recent(folder, 2, "*.json", spare=new)  # what a writer does after writing ``new``
+        mark_used(old)  # then ``old`` is read
+        keep_recent(folder, 1, "*.json")
+        assert [p.name for p in folder.iterdir()] == [old.name], i

@@ -7,6 +7,7 @@ Per-user directories from platformdirs; ``SPECDECK_CACHE_DIR`` overrides the cac
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from platformdirs import user_cache_dir, user_data_dir
@@ -39,6 +40,8 @@ def keep_recent(folder: Path, keep: int, pattern: str = "*", *, spare: Path | No
     "Used" is the file's time, which readers refresh with ``mark_used``; ``pattern`` keeps other
     processes' half-written temporary files out. A file another process holds open (Windows
     refuses to delete it) stays; the next pruning takes it."""
+    if spare is not None:
+        mark_used(spare)  # a new file's time is the kernel's coarse clock: put it on the same fine one
     used: list[tuple[int, Path]] = []
     for file in folder.glob(pattern):
         try:
@@ -55,9 +58,13 @@ def keep_recent(folder: Path, keep: int, pattern: str = "*", *, spare: Path | No
 
 
 def mark_used(path: Path) -> None:
-    """Refresh a cache entry's time on a hit, so ``keep_recent`` deletes what is no longer read."""
+    """Refresh a cache entry's time on a hit, so ``keep_recent`` deletes what is no longer read.
+    The time is given, not left to the kernel: its "now" for file times ticks every few
+    milliseconds, so a hit right after another entry's write tied with it, and the tie fell to
+    the file names (seen in CI: the entry just read was deleted instead of the older one)."""
+    now = time.time_ns()
     try:
-        os.utime(path)
+        os.utime(path, ns=(now, now))
     except OSError:
         pass
 
