@@ -69,6 +69,7 @@ def test_catching_up_row_by_row_equals_one_forward():
         np.testing.assert_allclose(row[0], whole[i], rtol=1e-4, atol=1e-4)
     lp = head.log_probs(whole)
     assert lp.shape == (9, VOCAB) and np.allclose(np.exp(lp).sum(-1), 1.0, atol=1e-5)
+    assert feats.dtype == whole.dtype == lp.dtype == np.float32  # float64 made every product convert the weights
 
 
 @pytest.mark.parametrize("top_k,expand", [(1, 1), (3, 2)], ids=["chain", "tree"])

@@ -60,6 +60,7 @@ def test_numpy_module_equals_its_torch_twin_along_a_recursive_chain():
     ours = head.forward(states, tokens, positions, cache, np.tril(np.ones((L, L), bool)))
     np.testing.assert_allclose(ours, preds[0][0].numpy(), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(head.log_probs(ours), logits, rtol=1e-3, atol=1e-2)  # logits reach 25
+    assert ours.dtype == head.log_probs(ours).dtype == np.float32  # float64 made every product convert the weights
     cache.commit()
     t = L - 4
     cache = head.new_cache()

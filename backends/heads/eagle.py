@@ -178,7 +178,7 @@ class EagleHead:
         keys, values = cache.k[:, :cache.length], cache.v[:, :cache.length]  # [H_kv, T, hd]
         # [H_kv, group * n, hd]: the query heads that share a KV head, one block per KV head
         qg = q.reshape(n, s.n_kv_head, group, s.head_dim).transpose(1, 2, 0, 3).reshape(s.n_kv_head, group * n, -1)
-        scores = qg @ keys.transpose(0, 2, 1) * (1.0 / np.sqrt(s.head_dim))  # [H_kv, group * n, T]
+        scores = qg @ keys.transpose(0, 2, 1) * s.head_dim ** -0.5  # [H_kv, group * n, T]; a Python float keeps float32
         hidden = np.tile(~visible, (group, 1))  # [group * n, scratch rows]: committed rows are all seen
         scores[:, :, cache.committed:][:, hidden] = -np.inf
         scores -= scores.max(-1, keepdims=True)
