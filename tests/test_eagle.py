@@ -241,6 +241,7 @@ def test_a_head_whose_gate_stays_shut_asks_for_no_states_and_drafts_as_if_it_had
     (llama.cpp's cost about 1% of an F16 forward); the steps before a re-try do, so each re-try
     catches up on exactly those rows and drafts the trees it would have drafted with every state;
     the output stays plain decoding's."""
+    import itertools
     from dataclasses import replace
 
     from backends.core.controller import RUN, Bandit
@@ -250,7 +251,9 @@ def test_a_head_whose_gate_stays_shut_asks_for_no_states_and_drafts_as_if_it_had
         gate = Bandit([RUN], baseline="off", min_tries=1, decay=0.99, explore_share=0.05)
         for _ in range(20):
             gate.update(RUN, 1.0, 10.0)  # drafting lost here so far: re-tried every ~150 steps
-        drafter = EagleDrafter(EagleHead(oracle_eagle, embed), EagleSettings(), costs=COSTS, gate=gate)
+        ticks = itertools.count(0.0, 0.002)  # the drafting clock, the same in both runs (a loaded machine's is not)
+        drafter = EagleDrafter(EagleHead(oracle_eagle, embed), EagleSettings(), costs=COSTS, gate=gate,
+                               clock=lambda: next(ticks))
         oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE, n_ctx=2048)
         asked, retries, drafted = [], [], []
         verify, catch_up = oracle.verify, drafter._catch_up
