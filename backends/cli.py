@@ -42,7 +42,8 @@ def _add_session_args(p: argparse.ArgumentParser, *, default_model: str) -> None
     p.add_argument("--head", action="append", default=[], metavar="FILE",
                    help="a trained head (.json from `specdeck train`); default: those found for the model")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                   help="the PyTorch backend's precision (auto: bfloat16 on a GPU or a CPU with native bf16, else float32)")
+                   help="the PyTorch backend's weight type (auto: bfloat16 on a GPU; on a CPU the one whose "
+                        "one-row product is fastest there, timed at load)")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser, *, temperature: float) -> None:

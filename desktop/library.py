@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from backends.hardware.fit import RuntimeSettings, plan, torch_dtype_bytes
+from backends.hardware.fit import RuntimeSettings, plan, torch_dtype_bytes, torch_kv_bytes
 from backends.hardware.shape import as_torch, load_shape
 from backends.hardware.types import HardwareReport
 from backends.llamacpp.model import mtp_in_header
@@ -102,7 +102,8 @@ def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int, ba
     else:
         quant, params = f"{shape.weight_dtype_bytes * 8}-bit", None
         size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    runs = as_torch(shape, torch_dtype_bytes(hw)) if backend == "torch" or shape.format != "gguf" else shape
+    on_torch = backend == "torch" or shape.format != "gguf"
+    runs = as_torch(shape, torch_dtype_bytes(hw), torch_kv_bytes(hw)) if on_torch else shape
     fit = plan(runs, hw, RuntimeSettings(n_ctx=n_ctx)).label if hw is not None else "..."
     return EntryDetails(
         entry.spec, architecture, f"{params / 1e6:.0f} M" if params else "-", quant,

@@ -112,7 +112,7 @@ def kv_cells(shape: ModelShape, rt: RuntimeSettings, layer: int) -> int:
 
 
 def kv_layer_bytes(shape: ModelShape, rt: RuntimeSettings, layer: int) -> int:
-    block, per_block = _KV_TYPES[rt.cache_type] if shape.format == "gguf" else (shape.weight_dtype_bytes, 1)
+    block, per_block = _KV_TYPES[rt.cache_type] if shape.format == "gguf" else (_kv_bytes(shape), 1)
     elements = kv_cells(shape, rt, layer) * shape.head_kv[layer] * (shape.key_length + shape.value_length)
     return -(-elements // per_block) * block
 
@@ -296,13 +296,23 @@ def _max_fit(shape: ModelShape, rt: RuntimeSettings, gpu: str | None, extra: Ext
 
 
 def torch_dtype_bytes(hw: HardwareReport | None) -> int:
-    """What the PyTorch backend's ``auto`` precision takes per weight on this machine: bfloat16 on
-    an NVIDIA GPU or a CPU with native bfloat16 (AVX512-BF16, AMX), float32 otherwise
-    (``backends.pytorch.loader.device_and_dtype``, without importing torch)."""
+    """What the PyTorch backend's ``auto`` precision takes per weight on this machine, without
+    importing torch: half precision on an NVIDIA GPU, and on a CPU for which torch has vectorized
+    half-precision kernels (x86 with F16C, ARM with fp16), where the loader's timing picks float16
+    or bfloat16 (``backends.pytorch.loader.cpu_weight_dtype``); float32 otherwise."""
     if hw is None:
         return 4
-    nvidia = any(g.vendor == "nvidia" and g.vram_total_bytes for g in hw.gpus)
-    return 2 if nvidia or {"avx512_bf16", "amx_bf16"} & set(hw.cpu.flags) else 4
+    return 2 if _nvidia(hw) or {"f16c", "fp16", "avx512_bf16", "amx_bf16"} & set(hw.cpu.flags) else 4
+
+
+def torch_kv_bytes(hw: HardwareReport | None) -> int:
+    """The PyTorch backend's KV cache per element: the weights' dtype on an NVIDIA GPU, float32 on
+    a CPU (``backends.pytorch.loader.attention_dtype``)."""
+    return torch_dtype_bytes(hw) if hw is not None and _nvidia(hw) else 4
+
+
+def _nvidia(hw: HardwareReport) -> bool:
+    return any(g.vendor == "nvidia" and g.vram_total_bytes for g in hw.gpus)
 
 
 def _label(fits: bool, ngl: int, total: int) -> str:
@@ -345,7 +355,11 @@ def _usable_gpu(shape: ModelShape, hw: HardwareReport) -> tuple[GpuInfo | None, 
 
 
 def _kv_type(shape: ModelShape, rt: RuntimeSettings) -> str:
-    return rt.cache_type if shape.format == "gguf" else f"{shape.weight_dtype_bytes * 8}-bit"
+    return rt.cache_type if shape.format == "gguf" else f"{_kv_bytes(shape) * 8}-bit"
+
+
+def _kv_bytes(shape: ModelShape) -> int:
+    return shape.kv_dtype_bytes or shape.weight_dtype_bytes
 
 
 def _pad(n: int, to: int) -> int:

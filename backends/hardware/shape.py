@@ -49,6 +49,7 @@ class ModelShape:
     other_bytes: int  # final norm and friends, placed with the output layer
     tied_output: bool
     weight_dtype_bytes: int = 2  # safetensors only: the dtype the KV cache and activations use
+    kv_dtype_bytes: int = 0  # safetensors only: the KV cache's, where it is not the weights' (0)
     quantized: bool = False  # most block weights in a quantized type (dequantizing costs CPU time)
 
     @property
@@ -229,17 +230,18 @@ def _cfg_int(config: dict, where: Path, key: str) -> int:
     return value
 
 
-def as_torch(shape: ModelShape, dtype_bytes: int) -> ModelShape:
+def as_torch(shape: ModelShape, dtype_bytes: int, kv_bytes: int = 0) -> ModelShape:
     """The model as SpecDeck's PyTorch backend holds it: every weight in one dtype of
-    ``dtype_bytes`` (a GGUF is dequantized; float32 on CPUs without native bfloat16), the KV cache
-    and activations in it too, a tied output layer sharing the embedding table."""
+    ``dtype_bytes`` (a GGUF is dequantized), the KV cache in ``kv_bytes`` (0: the weights' dtype;
+    float32 on a CPU), a tied output layer sharing the embedding table."""
     if shape.format == "safetensors" and shape.weight_dtype_bytes == dtype_bytes:
-        return shape
+        return replace(shape, kv_dtype_bytes=kv_bytes)
     d = shape.n_embd
     attention = [d * shape.n_head * shape.key_length + d * kv * (shape.key_length + shape.value_length)
                  + shape.n_head * shape.value_length * d for kv in shape.head_kv]
     blocks = tuple(dtype_bytes * (a + 3 * d * shape.n_ff + 4 * d) for a in attention)
     table = dtype_bytes * shape.n_vocab * d
     return replace(shape, format="safetensors", block_bytes=blocks, embd_bytes=table, output_bytes=table,
-                   other_bytes=dtype_bytes * d, weight_dtype_bytes=dtype_bytes, quantized=False)
+                   other_bytes=dtype_bytes * d, weight_dtype_bytes=dtype_bytes, kv_dtype_bytes=kv_bytes,
+                   quantized=False)
 

@@ -1,15 +1,19 @@
 """Opening a model on the PyTorch backend: where it runs, in which precision, and its target.
 
-Precision: ``auto`` is bfloat16 on a CUDA GPU that supports it (float16 otherwise) and on a CPU
-that multiplies bfloat16 natively (AVX512-BF16, AMX); float32 on other CPUs. There bfloat16 is
-converted around every matmul: decoding one token is faster (it reads half the bytes; AMD EPYC,
-AVX2 only, SmolLM2-135M: 33.8 ms against 57.2 ms), but every batch is far slower (16 rows: 303 ms
-against 137 ms), so a prompt's prefill and any verification lose more than plain decoding
-gains. ``--dtype bfloat16`` takes it anyway (short prompts, plain decoding).
+Precision: ``auto`` is bfloat16 on a CUDA GPU that supports it (float16 otherwise). On a CPU it
+is the weight type whose one-row matrix product runs fastest here, timed once per process
+(``cpu_weight_dtype``): decoding a token is almost all such products. torch 2.13 has a vectorized
+float16 one-row kernel on x86 (AVX2 and AVX-512) and none for bfloat16: on 2 AMD EPYC Zen 4 cores
+(AVX512-BF16), 3072x576, float16 129 us, bfloat16 237 us, float32 603 us; SmolLM2-135M's token
+15.0 ms in float16, 27.3 ms in bfloat16. float16 weights keep float32 activations (their range is
+too small for some models' residual stream) and, on a CPU, float32 attention, which is faster than
+half precision there even with native bfloat16 (one token after 1024: 30.8 ms against 45.2 ms).
 """
 
 from __future__ import annotations
 
+import functools
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +32,7 @@ def require_torch():
 
 
 def device_and_dtype(dtype: str = "auto", device: str = "auto"):
-    """(torch device, torch dtype) for a model: a CUDA GPU when torch sees one, else the CPU."""
+    """(torch device, the weights' torch dtype) for a model: a CUDA GPU when torch sees one, else the CPU."""
     torch = require_torch()
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -39,35 +43,44 @@ def device_and_dtype(dtype: str = "auto", device: str = "auto"):
         return dev, getattr(torch, dtype)
     if dev.type == "cuda":
         return dev, torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return dev, torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    return dev, cpu_weight_dtype()
 
 
 def attention_dtype(dev, dt):
-    """The KV cache's and attention's dtype for weights in ``dt``: float32 for half-precision
-    weights on a CPU without native bfloat16, whose bfloat16 attention is slow (2 AMD EPYC cores,
-    SmolLM2 bfloat16, one token after 1024: 47 ms a forward with bfloat16 attention, 31 ms with
-    float32; after 128: 29 and 28 ms); ``dt`` elsewhere."""
+    """The KV cache's and attention's dtype for weights in ``dt``: float32 on a CPU, where
+    half-precision attention is slow with or without native bfloat16 (SmolLM2 bfloat16, one token
+    after 1024: AMD EPYC AVX2-only, 47 ms against 31 ms in float32; AMD EPYC Zen 4 with AVX512-BF16,
+    45.2 against 30.8 ms); ``dt`` on a GPU."""
     torch = require_torch()
-    if dev.type == "cpu" and dt in (torch.bfloat16, torch.float16) and not cpu_has_native_bf16():
-        return torch.float32
-    return dt
+    return torch.float32 if dev.type == "cpu" else dt
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16), as torch uses it."""
+def activation_dtype(dt):
+    """The residual stream's dtype for weights in ``dt``: float32 beside float16, whose largest
+    value (65504) Gemma-3-270M's residual passes (1e5: every logit NaN); ``dt`` otherwise."""
     torch = require_torch()
-    try:
-        return bool(torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")) or _cpuinfo_bf16()
-    except AttributeError:
-        return _cpuinfo_bf16()
+    return torch.float32 if dt == torch.float16 else dt
 
 
-def _cpuinfo_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
-    except (OSError, IndexError):
-        return False
-    return "avx512_bf16" in flags
+@functools.cache
+def cpu_weight_dtype():
+    """The dtype whose one-row product of a 4096x1024 matrix is fastest on this CPU (fastest of 7
+    runs each, caches warm: what decoding a token does layer after layer)."""
+    torch = require_torch()
+    import torch.nn.functional as F
+
+    times = {}
+    for dt in (torch.float16, torch.bfloat16, torch.float32):
+        w, x = torch.randn(4096, 1024).to(dt), torch.randn(1, 1024).to(dt)
+        times[dt] = min(_seconds(lambda: F.linear(x, w)) for _ in range(7))
+    return min(times, key=times.get)
+
+
+def _seconds(run) -> float:
+    start = time.perf_counter()
+    for _ in range(4):
+        run()
+    return time.perf_counter() - start
 
 
 def open_torch_target(path: str | Path, *, token_piece: Callable[[int], bytes], eog_ids: frozenset[int],
@@ -86,7 +99,8 @@ def open_torch_target(path: str | Path, *, token_piece: Callable[[int], bytes], 
     if shape.n_ctx_train:
         n_ctx = min(n_ctx, shape.n_ctx_train)
     try:
-        model = Transformer(shape, weights, dtype=dt, device=dev, attention_dtype=attention_dtype(dev, dt))
+        model = Transformer(shape, weights, dtype=dt, device=dev, attention_dtype=attention_dtype(dev, dt),
+                            activation_dtype=activation_dtype(dt))
     except RuntimeError as exc:  # out of memory on the device
         raise ModelFileError(f"{Path(path).name} does not fit on {dev} as {dt}: {exc}") from None
     return TorchTarget(model, token_piece=token_piece, eog_ids=eog_ids, n_ctx=n_ctx, name=name)

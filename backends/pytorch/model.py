@@ -105,14 +105,20 @@ class Transformer:
     """The forward pass over canonical weights (``backends.pytorch.weights``); holds no cache."""
 
     def __init__(self, shape: TorchShape, weights: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", attention_dtype: torch.dtype | None = None) -> None:
-        """``attention_dtype``: the KV cache's and attention's (``dtype`` by default). A CPU without
-        native bfloat16 attends in float32 much faster than in bfloat16 (``loader.attention_dtype``)."""
+                 device: str | torch.device = "cpu", attention_dtype: torch.dtype | None = None,
+                 activation_dtype: torch.dtype | None = None) -> None:
+        """``dtype``: the weights'. ``attention_dtype``: the KV cache's and attention's; on a CPU
+        float32 attends faster than half precision (``loader.attention_dtype``). ``activation_dtype``:
+        the residual stream's and the norms' (both ``dtype`` by default); float32 beside float16
+        weights, whose range (65504) the largest activations of a model can pass (Gemma-3-270M's
+        residual reaches 1e5, SmolLM2's 2.5e4): each matrix product then rounds its input to the
+        weights' dtype and its output back, as llama.cpp multiplies F16 weights."""
         self.shape = shape
         self.dtype = dtype
         self.attention_dtype = attention_dtype or dtype
+        self.activation_dtype = activation_dtype or dtype
         self.device = torch.device(device)
-        norm_dtype = torch.float32 if shape.gemma else dtype  # gemma's norms multiply in float32
+        norm_dtype = torch.float32 if shape.gemma else self.activation_dtype  # gemma's norms multiply in float32
         self.w = {k: v.to(device=self.device, dtype=norm_dtype if k.endswith("norm") else dtype).contiguous()
                   for k, v in weights.items()}
         self.w.setdefault("output", self.w["embed"])
@@ -177,9 +183,9 @@ class Transformer:
         n = len(tokens)
         cache.positions[start : start + n] = positions
         keys = cache.positions[: start + n]
-        x = F.embedding(tokens, w["embed"])  # [n, d]
+        x = F.embedding(tokens, w["embed"]).to(self.activation_dtype)  # [n, d]
         if s.gemma:
-            x = x * torch.tensor(s.embed_scale, dtype=self.dtype)
+            x = x * torch.tensor(s.embed_scale, dtype=self.activation_dtype)
         taken: dict[int, torch.Tensor] = {}
         masks: dict[int, torch.Tensor] = {}
         turns: dict = {}
@@ -199,7 +205,7 @@ class Transformer:
         out = None
         if logits_rows is None or len(logits_rows):
             rows = x if logits_rows is None else x[logits_rows]
-            out = F.linear(rows, w["output"]).float()  # [rows, vocab]
+            out = self._linear(rows, w["output"]).float()  # [rows, vocab]
         hidden = torch.cat([taken[il] for il in states], dim=1) if states else None
         return out, hidden
 
@@ -212,9 +218,9 @@ class Transformer:
             h = rms_norm(h, w.post_attn_norm, s.norm_eps, gemma=True)
         x = x + h
         h = rms_norm(x, w.ffn_norm, s.norm_eps, gemma=s.gemma)
-        gate, up = F.linear(h, w.w_gate_up).chunk(2, dim=-1)
+        gate, up = self._linear(h, w.w_gate_up).chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if s.gemma else F.silu(gate)
-        h = F.linear(gate * up, w.w_down)
+        h = self._linear(gate * up, w.w_down)
         if w.post_ffn_norm is not None:
             h = rms_norm(h, w.post_ffn_norm, s.norm_eps, gemma=True)
         return x + h
@@ -223,10 +229,10 @@ class Transformer:
                    mask: torch.Tensor) -> torch.Tensor:
         """Attention of ``h`` [n, d] over the cache's slots ``0 .. start + n - 1``, writing its own
         keys and values into ``start ..``. q and k take the biases and per-head norms the file has
-        and rotate together, in float32 (a CPU without native bfloat16 attends in float32 anyway)."""
+        and rotate together, in float32 (on a CPU the cache and attention are float32 too)."""
         s, w = self.shape, self.layers[i]
         n, heads = len(h), s.n_head + s.n_kv
-        y = F.linear(h, w.wqkv, w.bqkv)  # [n, (H + 2 Hkv) hd]
+        y = self._linear(h, w.wqkv, w.bqkv)  # [n, (H + 2 Hkv) hd]
         qk, v = y.split([heads * s.head_dim, s.n_kv * s.head_dim], dim=-1)
         qk = qk.reshape(n, heads, s.head_dim)
         if w.qk_norm is not None:
@@ -239,4 +245,11 @@ class Transformer:
         out = F.scaled_dot_product_attention(qk[None, : s.n_head].to(keys.dtype), keys[None], values[None],
                                              attn_mask=mask, scale=s.scale,
                                              enable_gqa=s.n_kv != s.n_head)  # [1, H, n, hd]
-        return F.linear(out[0].transpose(0, 1).reshape(n, s.n_head * s.head_dim).to(self.dtype), w.wo)
+        return self._linear(out[0].transpose(0, 1).reshape(n, s.n_head * s.head_dim).to(self.activation_dtype), w.wo)
+
+    @staticmethod
+    def _linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``h @ weight.T (+ bias)`` in the weights' dtype, returned in ``h``'s."""
+        if h.dtype == weight.dtype:
+            return F.linear(h, weight, bias)
+        return F.linear(h.to(weight.dtype), weight, bias).to(h.dtype)

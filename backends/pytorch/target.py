@@ -113,7 +113,8 @@ class TorchTarget:
     @property
     def runtime(self) -> tuple[str, ...]:
         """What changes its speed and rounding besides the weights: cost curves are kept per runtime."""
-        return (str(self.model.dtype), str(self.model.attention_dtype), str(self.model.device), torch.__version__)
+        m = self.model
+        return (str(m.dtype), str(m.attention_dtype), str(m.activation_dtype), str(m.device), torch.__version__)
 
     @property
     def hidden_size(self) -> int:
