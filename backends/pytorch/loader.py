@@ -5,9 +5,9 @@ is the weight type whose one-row matrix product runs fastest here, timed once pe
 (``cpu_weight_dtype``): decoding a token is almost all such products. torch 2.13 has a vectorized
 float16 one-row kernel on x86 (AVX2 and AVX-512) and none for bfloat16: on 2 AMD EPYC Zen 4 cores
 (AVX512-BF16), 3072x576, float16 129 us, bfloat16 237 us, float32 603 us; SmolLM2-135M's token
-15.0 ms in float16, 27.3 ms in bfloat16. float16 weights keep float32 activations (their range is
+14.4 ms in float16, 26.0 ms in bfloat16. float16 weights keep float32 activations (their range is
 too small for some models' residual stream) and, on a CPU, float32 attention, which is faster than
-half precision there even with native bfloat16 (one token after 1024: 30.8 ms against 45.2 ms).
+half precision there even with native bfloat16 (one token after 1024: 29.4 ms against 44.8 ms).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def attention_dtype(dev, dt):
     """The KV cache's and attention's dtype for weights in ``dt``: float32 on a CPU, where
     half-precision attention is slow with or without native bfloat16 (SmolLM2 bfloat16, one token
     after 1024: AMD EPYC AVX2-only, 47 ms against 31 ms in float32; AMD EPYC Zen 4 with AVX512-BF16,
-    45.2 against 30.8 ms); ``dt`` on a GPU."""
+    44.8 against 29.4 ms); ``dt`` on a GPU."""
     torch = require_torch()
     return torch.float32 if dev.type == "cpu" else dt
 
