@@ -1,11 +1,11 @@
 """Opening a model on the PyTorch backend: where it runs, in which precision, and its target.
 
 Precision: ``auto`` is bfloat16 on a CUDA GPU that supports it (float16 otherwise). On a CPU it
-is the weight type whose one-row matrix product runs fastest here, timed once per process
-(``cpu_weight_dtype``): decoding a token is almost all such products. torch 2.13 has a vectorized
-float16 one-row kernel on x86 (AVX2 and AVX-512) and none for bfloat16: on 2 AMD EPYC Zen 4 cores
-(AVX512-BF16), 3072x576, float16 129 us, bfloat16 237 us, float32 603 us; SmolLM2-135M's token
-14.4 ms in float16, 26.0 ms in bfloat16. float16 weights keep float32 activations (their range is
+is the weight type whose one-row matrix products run fastest here, timed once per process on
+weights read from memory (``cpu_weight_dtype``): decoding a token is almost all such products.
+torch 2.13's float16 one-row kernel (x86: AVX2 and AVX-512) streams weights from memory far faster
+than its bfloat16 one: on 2 AMD EPYC Zen 4 cores (AVX512-BF16), 3072x576, float16 129 us,
+bfloat16 237 us, float32 603 us; SmolLM2-135M's token 14.4 ms in float16, 26.0 ms in bfloat16. float16 weights keep float32 activations (their range is
 too small for some models' residual stream) and, on a CPU, float32 attention, which is faster than
 half precision there even with native bfloat16 (one token after 1024: 29.4 ms against 44.8 ms).
 """
@@ -62,25 +62,39 @@ def activation_dtype(dt):
     return torch.float32 if dt == torch.float16 else dt
 
 
+PROBE_BYTES = 128 << 20  # float16 weights the probe cycles through: more than a desktop CPU's caches hold
+
+
 @functools.cache
 def cpu_weight_dtype():
-    """The dtype whose one-row product of a 4096x1024 matrix is fastest on this CPU (fastest of 7
-    runs each, caches warm: what decoding a token does layer after layer)."""
+    """The dtype whose one-row matrix products run fastest on this CPU, timed once per process
+    (about 0.3 s): products of one row with 2048x1024 matrices, cycling through ``PROBE_BYTES`` of
+    float16 weights (twice that of float32) so that, as in a model's forward, the weights come from
+    memory, not from a cache. With one 4096x1024 matrix kept in cache, bfloat16 tied with float16
+    on an AMD EPYC Zen 4 and the choice flipped from run to run; from memory float16 takes 135-195
+    us, bfloat16 235-312 us, float32 531-547 us (six processes), as a token sees them."""
     torch = require_torch()
-    import torch.nn.functional as F
-
-    times = {}
-    for dt in (torch.float16, torch.bfloat16, torch.float32):
-        w, x = torch.randn(4096, 1024).to(dt), torch.randn(1, 1024).to(dt)
-        times[dt] = min(_seconds(lambda: F.linear(x, w)) for _ in range(7))
+    times = {dt: _product_seconds(torch, dt) for dt in (torch.float16, torch.bfloat16, torch.float32)}
     return min(times, key=times.get)
 
 
-def _seconds(run) -> float:
-    start = time.perf_counter()
-    for _ in range(4):
-        run()
-    return time.perf_counter() - start
+def _product_seconds(torch, dt) -> float:
+    """Fastest of 4 passes after an untimed one (threads start, clocks rise): the mean time of
+    ``x @ w.T`` over the probe's matrices in ``dt``."""
+    import torch.nn.functional as F
+
+    rows, cols = 2048, 1024
+    count = PROBE_BYTES // (rows * cols * 2)
+    mats = [torch.full((rows, cols), 0.01, dtype=dt) for _ in range(count)]
+    x = torch.full((1, cols), 0.01, dtype=dt)
+    best = float("inf")
+    for round_ in range(5):
+        start = time.perf_counter()
+        for w in mats:
+            F.linear(x, w)
+        if round_:
+            best = min(best, (time.perf_counter() - start) / count)
+    return best
 
 
 def open_torch_target(path: str | Path, *, token_piece: Callable[[int], bytes], eog_ids: frozenset[int],
