@@ -13,11 +13,11 @@ matches, and the largest residual value (float16's limit is 65504). The loader's
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import torch
 
+from backends.core.timing import median_seconds
 from backends.llamacpp.model import LlamaModel
 from backends.models.catalog import entry_path
 from backends.pytorch.loader import activation_dtype, attention_dtype, cpu_weight_dtype
@@ -44,12 +44,7 @@ def token_ms(model: Transformer, context: int) -> float:
     model.forward(ids, torch.arange(context), cache, start=0, mask=torch.ones(context, context, dtype=torch.bool).tril(),
                   logits_rows=torch.zeros(0, dtype=torch.long))
     token, position, mask = torch.tensor([5]), torch.tensor([context]), torch.ones(1, context + 1, dtype=torch.bool)
-    times = []
-    for _ in range(25):
-        start = time.perf_counter()
-        model.forward(token, position, cache, start=context, mask=mask)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2] * 1e3
+    return median_seconds(lambda: model.forward(token, position, cache, start=context, mask=mask), repeats=25) * 1e3
 
 
 def logits_and_states(model: Transformer, prompts: list[list[int]]) -> list[tuple[np.ndarray, float]]:
