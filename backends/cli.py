@@ -189,9 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--model", default=DEFAULT_MODEL, help="known model id or path to a .gguf file")
     train.add_argument("--data", default="spec-bench",
                        help="spec-bench (questions a bench does not evaluate), chats (what you asked in the "
-                            "window's saved conversations) or a JSONL file of prompts")
+                            "window's saved conversations), self (questions the model writes itself; --prompts "
+                            "says how many) or a JSONL file of prompts; several joined by commas train on them together")
     train.add_argument("--minutes", type=float, default=30.0, help="the whole time budget, recording included")
-    train.add_argument("--prompts", type=int, default=None, help="record at most this many conversations")
+    train.add_argument("--prompts", type=int, default=None, help="record at most this many conversations (of each --data source)")
     train.add_argument("--steps", type=int, default=None, help="training steps (default: what the time allows)")
     train.add_argument("--max-new-tokens", type=int, default=256, help="longest recorded answer")
     train.add_argument("--follow-ups", type=int, default=FOLLOW_UP_TURNS,

@@ -66,6 +66,7 @@ class TrainDialog(QDialog):
         self.data.setObjectName("train_data")
         self.data.addItem("Spec-Bench questions that benchmarks do not use", "spec-bench")
         self.data.addItem("What you asked in your saved chats", "chats")
+        self.data.addItem("Questions the model writes itself", "self")
         self.data.addItem("Prompts from a JSONL file ...", "")
         self.data.activated.connect(self._pick_file)
         form.addRow("Prompts:", self.data)
@@ -175,7 +176,11 @@ class TrainDialog(QDialog):
     def show_event(self, event: dict) -> None:
         """One progress event of ``backends.train.train`` on the dialog."""
         phase = event.get("phase")
-        if phase == "record":
+        if phase == "questions":
+            self.progress.setRange(0, int(event["total"]))
+            self.progress.setValue(int(event["done"]))
+            self.status.setText(f"The model writes its own questions: {event['done']} of {event['total']}")
+        elif phase == "record":
             self.progress.setRange(0, int(event["total"]))
             self.progress.setValue(int(event["done"]))
             self.status.setText(f"The model answers prompts: {event['done']} of {event['total']} conversations, "

@@ -33,6 +33,10 @@ def test_train_button_trains_heads_and_unlocks_medusa_and_eagle2(qtbot, home, ge
         window.methods.train.click()
         dialog = window.train_dialog
         assert dialog is not None and dialog.isVisible()
+        dialog.data.setCurrentIndex(dialog.data.findData("self"))  # questions the model writes itself
+        assert dialog.arguments()[dialog.arguments().index("--data") + 1] == "self"
+        dialog.show_event({"phase": "questions", "done": 3, "total": 10})
+        assert dialog.progress.value() == 3 and "own questions: 3 of 10" in dialog.status.text()
         prompts = home / "prompts.jsonl"
         prompts.write_text(json.dumps({"turns": ["Say hello."]}) + "\n" + json.dumps({"prompt": "Name a fruit."}) + "\n")
         dialog.data.insertItem(0, prompts.name, str(prompts))

@@ -319,6 +319,44 @@ def test_train_cli_records_trains_resumes_and_writes_a_head(smollm_q4_path, tmp_
     assert np.array_equal(HeadFile.load(tmp_path / "h.medusa.json").tensors["blocks.w"], first)
 
 
+def test_the_model_writes_its_own_questions_and_training_records_their_answers(smollm_q4_path, tmp_path, monkeypatch):
+    """``--data self``: questions sampled from where the chat template opens a user turn are
+    distinct, finished (ended by the model, not cut off), the same for the same seed; the CLI
+    writes them into the recording's folder, answers them and trains, and a rerun asks the same."""
+    pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
+    from backends.cli import main
+    from backends.factory import Session, SessionConfig
+    from backends.train import own_questions, user_turn_prefix
+
+    with Session(SessionConfig(model=str(smollm_q4_path), n_threads=2)) as session:
+        prefix = user_turn_prefix(session.model)
+        assert session.model.chat_prompt([{"role": "user", "content": "Name a fruit."}])[:len(prefix)] == prefix
+        assert session.model.detokenize(prefix).rstrip().endswith("user")
+        questions = own_questions(session, 5, seed=3)
+        assert len(questions) == 5 and len({q.lower() for q in questions}) == 5
+        assert all(len(q) >= 12 and q == q.strip() for q in questions)
+        assert own_questions(session, 2, seed=3) == questions[:2]  # a seed gives the same questions
+        assert own_questions(session, 2, seed=4) != questions[:2]
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    args = ["train", "medusa", "--model", str(smollm_q4_path), "--data", "self", "--prompts", "3",
+            "--max-new-tokens", "16", "--steps", "5", "--out", str(tmp_path / "h.medusa")]
+    assert main(args) == 0
+    [written] = list((tmp_path / "cache").rglob("questions.jsonl"))
+    asked = [json.loads(line)["prompt"] for line in written.read_text().splitlines()]
+    assert len(asked) == 3 and len(list(written.parent.glob("[0-9]*.safetensors"))) == 3
+    head = HeadFile.load(tmp_path / "h.medusa.json")
+    assert head.training["data"] == "self" and head.training["conversations"] == 3
+    assert main(args) == 0 and [json.loads(line)["prompt"] for line in written.read_text().splitlines()] == asked
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Name a fruit."}) + "\n" + json.dumps({"prompt": "Say hello."}) + "\n")
+    args[args.index("self")] = f"{prompts},self"  # two sources: the file's recorded apart, the questions' reused
+    assert main(args) == 0
+    assert HeadFile.load(tmp_path / "h.medusa.json").training["conversations"] == 5
+    assert len(list(written.parent.glob("[0-9]*.safetensors"))) == 3
+
+
 def test_the_fit_estimator_counts_the_head_and_the_kept_states(oracle_head, tmp_path, monkeypatch, smollm_q4_path):
     from backends.drafters import method_spec
     from backends.hardware.fit import method_extra, trained_head_bytes
