@@ -163,7 +163,8 @@ def own_conversations(session, folder: Path, req: TrainRequest, *, deadline: flo
         questions = own_questions(session, count, req.seed, deadline,
                                   progress=lambda done: report({"phase": "questions", "done": done, "total": count}))
         if not questions:
-            raise SpecDeckError(f"{session.model.path} wrote no question of its own (does it have a chat template?)")
+            raise SpecDeckError(f"{session.model.path} wrote no question of its own in the time given (more "
+                                "--minutes; or the model has no chat template)")
         write_atomic(path, "".join(json.dumps({"prompt": q}) + "\n" for q in questions))
     return conversations(str(path))
 
@@ -564,6 +565,7 @@ TRAINERS = {"medusa": _medusa, "eagle": _eagle, "eagle3": _eagle3, "mtp": _mtp} 
 def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: None,
           stop: Callable[[], bool] | None = None) -> Path:
     """Record, train, export; returns the head's .json path. ``report`` sees progress events:
+    ``{"phase": "questions", "done", "total"}`` (``--data self``),
     ``{"phase": "record", "done", "total", "tokens_per_s", "eta_s"}``, ``{"phase": "data",
     "positions", "held_out", "conversations"}``, ``{"phase": "train", "step", "steps", "loss",
     "agreement" (may be empty), "eta_s"}`` and ``{"phase": "done", "head", "agreement"}``."""
