@@ -67,6 +67,7 @@ class TrainDialog(QDialog):
         self.data.addItem("Spec-Bench questions that benchmarks do not use", "spec-bench")
         self.data.addItem("What you asked in your saved chats", "chats")
         self.data.addItem("Questions the model writes itself", "self")
+        self.data.addItem("Both: Spec-Bench questions, then the model's own", "spec-bench,self")
         self.data.addItem("Prompts from a JSONL file ...", "")
         self.data.activated.connect(self._pick_file)
         form.addRow("Prompts:", self.data)
