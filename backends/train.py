@@ -594,7 +594,7 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
             if one.follow_ups:
                 manifest["follow_ups"] = one.follow_ups
             store = SampleStore(folder, dict(manifest, layers=list(layers)) if layers else manifest)
-            turns = given.get(src) or own_conversations(
+            turns = given[src] if src in given else own_conversations(
                 session, folder, one, deadline=time.time() + (deadline - time.time()) * QUESTIONS_SHARE, report=report)
             done += record(session, turns, store, max_new_tokens=req.max_new_tokens, layers=layers,
                            deadline=deadline, limit=req.prompts, report=report)
