@@ -41,7 +41,7 @@ from backends.core.text import TextStream
 from backends.core.protocols import pick_states
 from backends.core.types import FINAL_STATE, SEQUENCES, Finished, GenerationSettings, SamplingSettings
 from backends.heads.files import ModelFingerprint, head_stem
-from backends.heads.record import Recorder, Sample, SampleStore
+from backends.heads.record import Recorder, Sample, SampleStore, sample_numbers
 from backends.models.paths import cache_dir, data_dir, write_atomic
 from backends.models.weights import tensor_rows
 
@@ -537,7 +537,7 @@ def recording_for(fingerprint: ModelFingerprint, req: TrainRequest, needed: tupl
         return data_folder(fingerprint, req.data, req.max_new_tokens, layers, req.follow_ups)
 
     def count(layers: tuple[int, ...]) -> int:
-        return len(list(folder(layers).glob("*.safetensors")))
+        return len(sample_numbers(folder(layers)))
 
     options = {record_layers(kind, n_layer) for kind in TRAINERS}
     holding = [layers for layers in options if set(needed or (FINAL_STATE,)) <= set(layers or (FINAL_STATE,))]

@@ -454,6 +454,32 @@ def test_follow_ups_extend_each_conversation_and_are_recorded_apart():
     assert data_folder(fp, "spec-bench", 256, (), 3) != data_folder(fp, "spec-bench", 256, (), 0)
 
 
+def test_the_recording_with_more_samples_is_trained_from_and_checkpoints_are_not_samples(tmp_path, monkeypatch):
+    """An EAGLE head may train from an EAGLE-3 recording (it keeps the final state too) when that
+    one holds more conversations; a trainer's checkpoint kept in a folder is no conversation."""
+    from backends.heads.record import SampleStore, sample_numbers
+    from backends.train import TrainRequest, data_folder, record_layers, recording_for
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fp = ModelFingerprint("m", "llama", "F16", 30, 8, 16, "0" * 16)
+    req = TrainRequest(kind="eagle", model="m", max_new_tokens=64, follow_ups=0)
+    wide = record_layers("eagle3", fp.n_layer)
+    sample = Sample(np.arange(4, dtype=np.int32), np.zeros((3, 8 * len(wide)), np.float16), 2)
+    own, other = (SampleStore(data_folder(fp, req.data, 64, layers), {"layers": list(layers)}) for layers in ((), wide))
+    for n in (0, 1):
+        own.put(n, sample)
+    for n in (0, 1, 2):
+        other.put(n, sample)
+    assert recording_for(fp, req, (), fp.n_layer) == (other.folder, wide)
+    for name in ("eagle-seed0.checkpoint.safetensors", "medusa-seed0.checkpoint.safetensors"):
+        (own.folder / name).write_bytes(b"not a sample")
+    assert sample_numbers(own.folder) == own.indices() == [0, 1]
+    assert recording_for(fp, req, (), fp.n_layer) == (other.folder, wide)  # 2 samples, not 4 files
+    own.put(2, sample)
+    own.put(3, sample)
+    assert recording_for(fp, req, (), fp.n_layer) == (own.folder, ())
+
+
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_both_bundled_files_find_their_own_shipped_head_first(kind, smollm_q4_path, smollm_f16_path, monkeypatch, tmp_path):
     """Heads ship for the bundled Q4_1 file and its F16 derivative; each finds its own weight

@@ -67,6 +67,12 @@ class Recorder(Drafter):
         return Sample(tokens, states[:n], len(prompt))
 
 
+def sample_numbers(folder: Path) -> list[int]:
+    """The sample numbers recorded in ``folder``: its ``NNNNNN.safetensors`` files only, not the
+    trainers' checkpoints kept beside them."""
+    return sorted(int(p.stem) for p in folder.glob("*.safetensors") if p.stem.isdigit())
+
+
 class SampleStore:
     """A folder of recorded samples, one file per prompt index, plus a manifest of the source."""
 
@@ -95,7 +101,7 @@ class SampleStore:
         os.replace(tmp, self._file(index))
 
     def indices(self) -> list[int]:
-        return sorted(int(p.stem) for p in self.folder.glob("*.safetensors") if p.stem.isdigit())
+        return sample_numbers(self.folder)
 
     def get(self, index: int) -> Sample:
         from safetensors.numpy import load_file
