@@ -121,6 +121,40 @@ def test_target_distribution_min_p_and_temperature():
     assert hot[0] < 0.5 and np.isclose(hot.sum(), 1.0)
 
 
+def _full_sort_distribution(scores: np.ndarray, s: SamplingSettings) -> np.ndarray:
+    """The sampler chain by its definition, the whole vocabulary sorted (top-k off)."""
+    order = np.argsort(-scores, kind="stable")
+    probs = np.exp(scores[order] - scores[order[0]])
+    probs /= probs.sum()
+    keep = len(order)
+    if s.top_p < 1.0:
+        keep = min(keep, int(np.searchsorted(np.cumsum(probs), s.top_p)) + 1)
+    if s.min_p > 0.0:
+        keep = min(keep, max(1, int(np.count_nonzero(probs >= s.min_p * probs[0]))))
+    out = np.zeros(len(scores))
+    kept = scores[order[:keep]] / s.temperature
+    out[order[:keep]] = np.exp(kept - kept.max()) / np.exp(kept - kept.max()).sum()
+    return out
+
+
+@pytest.mark.parametrize("spread", [0.01, 0.5, 3.0, 12.0])
+def test_top_k_off_keeps_the_full_sorts_nucleus_on_a_large_vocabulary(spread):
+    """With top-k off the nucleus is looked for among the best scores first; whatever the
+    logits' spread (a flat one needs the whole vocabulary, a peaked one a few tokens) and with
+    tied scores, the kept tokens and their probabilities are the full sort's."""
+    rng = np.random.default_rng(int(spread * 100))
+    for trial in range(20):
+        logits = (rng.standard_normal(49152) * spread).astype(np.float32)
+        if trial % 2:
+            logits = np.round(logits, 1)  # many ties, some around the cut
+        for s in (SamplingSettings(temperature=1.0, top_k=0, top_p=0.95, min_p=0.0),
+                  SamplingSettings(temperature=0.7, top_k=0, top_p=0.5, min_p=0.05),
+                  SamplingSettings(temperature=1.3, top_k=0, top_p=1.0, min_p=0.1)):
+            got, want = target_distribution(logits, [], s), _full_sort_distribution(logits.astype(np.float64), s)
+            assert np.array_equal(got > 0, want > 0), (spread, trial, s)
+            assert np.allclose(got, want, rtol=1e-9, atol=1e-15) and np.isclose(got.sum(), 1.0)
+
+
 def test_repeat_penalty_direction():
     logits = np.array([2.0, -2.0, 1.0], dtype=np.float32)
     out = apply_repeat_penalty(logits, [0, 1], SamplingSettings(repeat_penalty=2.0))

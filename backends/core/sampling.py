@@ -20,6 +20,9 @@ import numpy as np
 from backends.core.types import SamplingSettings
 
 
+NUCLEUS_GUESS = 1024  # with top-k off, the best scores sorted first in search of the top-p / min-p nucleus
+
+
 def make_rng(seed: int | None) -> np.random.Generator:
     """The one random source of a run; a fixed seed makes sampling reproducible."""
     return np.random.default_rng(seed)
@@ -54,6 +57,11 @@ def target_distribution(logits: np.ndarray, history: Sequence[int], settings: Sa
     """The dense distribution [vocab] float64 that plain sampling draws from at this position."""
     scores = apply_repeat_penalty(logits, history, settings).astype(np.float64)
     vocab = scores.shape[0]
+    nucleus = _narrow_nucleus(scores, settings)
+    if nucleus is not None:
+        dense = np.zeros(vocab, dtype=np.float64)
+        dense[nucleus] = _softmax(scores[nucleus] / settings.temperature)
+        return dense
     if 0 < settings.top_k < vocab:
         candidates = np.argpartition(scores, vocab - settings.top_k)[vocab - settings.top_k :]
     else:
@@ -69,6 +77,32 @@ def target_distribution(logits: np.ndarray, history: Sequence[int], settings: Sa
     dense = np.zeros(vocab, dtype=np.float64)
     dense[candidates[:keep]] = _softmax(cand_scores[:keep] / settings.temperature)
     return dense
+
+
+def _narrow_nucleus(scores: np.ndarray, settings: SamplingSettings) -> np.ndarray | None:
+    """With top-k off, the tokens top-p / min-p keep (best first), found among the
+    ``NUCLEUS_GUESS`` best without sorting the whole vocabulary; None when the nucleus may reach
+    past them (then the full sort decides).
+
+    Why: sorting 49,152 scores costs ~6 ms, half of a token's time when a 135M model writes with
+    top-k off (``train --data self``); a nucleus of top-p 0.95 is almost always a few dozen tokens.
+    The tokens kept and their order are the full sort's (ties by token id): every kept score is
+    strictly above every score left outside the guess."""
+    vocab = scores.shape[0]
+    if 0 < settings.top_k < vocab or vocab <= NUCLEUS_GUESS or (settings.top_p >= 1.0 and settings.min_p <= 0.0):
+        return None
+    guess = np.argpartition(-scores, NUCLEUS_GUESS - 1)[:NUCLEUS_GUESS]
+    guess = guess[np.lexsort((guess, -scores[guess]))]  # best first, ties by token id
+    top = scores[guess]
+    probs = np.exp(top - top[0]) / np.exp(scores - top[0]).sum()  # over the whole vocabulary
+    keep = NUCLEUS_GUESS
+    if settings.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), settings.top_p)) + 1
+    if settings.min_p > 0.0:
+        keep = min(keep, max(1, int(np.count_nonzero(probs >= settings.min_p * probs[0]))))
+    if keep >= NUCLEUS_GUESS or top[keep - 1] <= top[-1]:
+        return None
+    return guess[:keep]
 
 
 def sample_token(probs: np.ndarray, rng: np.random.Generator) -> int:
