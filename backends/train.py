@@ -39,6 +39,7 @@ from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.text import TextStream
 from backends.core.protocols import pick_states
+from backends.core.sampling import make_rng, sample_token, target_distribution
 from backends.core.types import FINAL_STATE, SEQUENCES, Finished, GenerationSettings, SamplingSettings
 from backends.heads.files import ModelFingerprint, head_stem
 from backends.heads.record import Recorder, Sample, SampleStore, sample_numbers
@@ -103,6 +104,7 @@ def with_follow_ups(turns: dict[int, list[str]], n: int) -> dict[int, list[str]]
 
 OWN_QUESTIONS = "self"  # --data: questions the model writes itself (``own_questions``)
 OWN_QUESTION_TOKENS = 96  # longest question the model writes
+QUESTION_SEQUENCES = 8  # questions written at once where the target decodes several sequences
 OWN_QUESTIONS_COUNT = 1000  # questions written when --prompts does not say
 QUESTIONS_SHARE = 0.25  # of the recording's time, what writing the questions may take
 
@@ -123,33 +125,117 @@ def own_questions(session, count: int, seed: int, deadline: float = float("inf")
 
     Why: a head generalizes from the variety of what it saw. Spec-Bench leaves 360 prompts; a head
     trained on their answers agrees with the model on 72% of the training conversations' tokens
-    and 38% of held-out ones (SmolLM2 EAGLE, measured). Questions of the model's own cost a few
-    seconds each, need no download, and come in the kind of text the model answers in."""
+    and 38% of held-out ones (SmolLM2 EAGLE, measured). Questions of the model's own cost a fraction
+    of a second each, need no download, and come in the kind of text the model answers in. A
+    target that decodes several sequences at once writes ``QUESTION_SEQUENCES`` together."""
+    prefix = user_turn_prefix(session.model)
+    tries = _QuestionTries(count, deadline, progress)
+    if SEQUENCES in session.target.offers and prefix:
+        _write_together(session, prefix, seed, tries)
+    else:
+        _write_one_by_one(session, prefix, seed, tries)
+    return tries.kept
+
+
+class _QuestionTries:
+    """Which question tries to start, and which finished ones are kept: the first ``count``, in
+    try order, that the model ended itself (not cut off), distinct, of at least 12 characters.
+
+    Only tries finished with none unfinished before them are judged, and new ones start until
+    those give ``count``: the questions kept are the same whether one or several are written at
+    once and whatever order they finish in, and asking for fewer gives the first of them."""
+
+    def __init__(self, count: int, deadline: float, progress: Callable[[int], None]) -> None:
+        self.count, self.deadline, self.progress = count, deadline, progress
+        self.started = self.judged = 0
+        self.kept: list[str] = []
+        self._seen: set[str] = set()
+        self._finished: dict[int, str | None] = {}
+
+    def next(self) -> int | None:
+        """The next try's number, or None when no more are needed (or the time is up)."""
+        if len(self.kept) >= self.count or self.started >= 4 * self.count or time.time() > self.deadline:
+            return None
+        self.started += 1
+        return self.started - 1
+
+    def finished(self, attempt: int, text: str | None) -> None:
+        """Try ``attempt`` wrote ``text`` (None: cut off before the model ended it)."""
+        self._finished[attempt] = text
+        while self.judged in self._finished and len(self.kept) < self.count:
+            text = self._finished.pop(self.judged)
+            self.judged += 1
+            if text is not None and len(text) >= 12 and text.lower() not in self._seen:
+                self._seen.add(text.lower())
+                self.kept.append(text)
+                self.progress(len(self.kept))
+
+
+def _question_sampling(seed: int, attempt: int) -> SamplingSettings:
+    return SamplingSettings(temperature=1.0, top_k=0, top_p=0.95, min_p=0.0, seed=seed * 1_000_003 + attempt)
+
+
+def _write_one_by_one(session, prefix: list[int], seed: int, tries: _QuestionTries) -> None:
+    """Each try through the engine: any target."""
     from backends.core.engine import generate
     from backends.drafters.ar import ARDrafter
 
-    prefix = user_turn_prefix(session.model)
     eog = session.model.eog_ids
-    out: list[str] = []
-    seen: set[str] = set()
-    tries = 0
-    while len(out) < count and tries < 4 * count and time.time() < deadline:
-        sampling = SamplingSettings(temperature=1.0, top_k=0, top_p=0.95, min_p=0.0, seed=seed * 1_000_003 + tries)
-        tries += 1
+    while (attempt := tries.next()) is not None:
         finished = None
         for event in generate(session.target, ARDrafter(), prefix, GenerationSettings(
-                max_new_tokens=OWN_QUESTION_TOKENS, sampling=sampling)):
+                max_new_tokens=OWN_QUESTION_TOKENS, sampling=_question_sampling(seed, attempt))):
             if isinstance(event, Finished):
                 finished = event
-        if finished is None or not finished.tokens or finished.tokens[-1] not in eog:
-            continue  # cut off mid-question
-        text = finished.text.strip()
-        if len(text) < 12 or text.lower() in seen:
-            continue
-        seen.add(text.lower())
-        out.append(text)
-        progress(len(out))
-    return out
+        ended = finished is not None and bool(finished.tokens) and finished.tokens[-1] in eog
+        tries.finished(attempt, finished.text.strip() if ended else None)
+
+
+@dataclass
+class _Question:
+    """A question being written in one of the batch's sequences."""
+
+    attempt: int
+    sampling: SamplingSettings
+    rng: np.random.Generator
+    tokens: list[int]  # written so far
+    feed: list[int]  # what the sequence takes next
+
+
+def _write_together(session, prefix: list[int], seed: int, tries: _QuestionTries) -> None:
+    """``QUESTION_SEQUENCES`` tries at once, one per sequence, each sampled from its own seed as
+    the engine samples (``target_distribution``, ``sample_token``); a finished one's sequence keeps
+    the prefix and starts the next try. The width is fixed, not measured: every run then decodes
+    the same batches, which keeps a seed's questions the same (other shapes move a near-tie)."""
+    model, eog = session.model, session.model.eog_ids
+    with session.target.sequences(QUESTION_SEQUENCES, max(16, len(prefix) + OWN_QUESTION_TOKENS + 1)) as seqs:
+        slots: list[_Question | None] = [None] * seqs.n_seqs
+
+        def start(s: int) -> None:
+            attempt = tries.next()
+            if attempt is None:
+                slots[s] = None
+                return
+            seqs.truncate(s, len(prefix) - 1)  # the last prefix token again: its logits start the question
+            sampling = _question_sampling(seed, attempt)
+            slots[s] = _Question(attempt, sampling, make_rng(sampling.seed), [], list(prefix[seqs.n_past[s]:]))
+
+        for s in range(seqs.n_seqs):
+            start(s)
+        while any(slots):
+            feeds = [(s, q.feed) for s, q in enumerate(slots) if q]
+            for (s, _), step in zip(feeds, seqs.decode(feeds)):
+                q = slots[s]
+                token = sample_token(target_distribution(step.logits, [*prefix, *q.tokens], q.sampling), q.rng)
+                if token in eog or len(q.tokens) + 1 >= OWN_QUESTION_TOKENS:
+                    text = TextStream(model.token_piece)
+                    text.push(q.tokens)
+                    text.flush()
+                    tries.finished(q.attempt, text.text.strip() if token in eog else None)
+                    start(s)
+                else:
+                    q.tokens.append(token)
+                    q.feed = [token]
 
 
 def own_conversations(session, folder: Path, req: TrainRequest, *, deadline: float,

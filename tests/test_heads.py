@@ -357,6 +357,41 @@ def test_the_model_writes_its_own_questions_and_training_records_their_answers(s
     assert len(list(written.parent.glob("[0-9]*.safetensors"))) == 3
 
 
+def test_questions_written_together_are_kept_in_try_order_whatever_order_they_finish_in():
+    """Several tries run at once and finish in any order; the questions kept are the first
+    ``count`` good ones by try number (cut-off, short and repeated ones skipped), and tries start
+    only until the tries judged so far give them, so asking for fewer gives the first of them."""
+    from backends.train import _QuestionTries
+
+    def run(count: int, finish_order: list[int], texts: dict[int, str | None]) -> tuple[list[str], int]:
+        shown: list[int] = []
+        tries = _QuestionTries(count, float("inf"), shown.append)
+        running = [tries.next() for _ in range(3)]  # three at once
+        for attempt in finish_order:
+            if attempt not in running:
+                continue
+            running.remove(attempt)
+            tries.finished(attempt, texts[attempt])
+            if (nxt := tries.next()) is not None:
+                running.append(nxt)
+        assert shown == list(range(1, len(tries.kept) + 1))
+        return tries.kept, tries.started
+
+    texts = {0: "What is a prime number?", 1: None, 2: "Too short", 3: "what is a PRIME number?",
+             4: "How do tides work on Earth?", 5: "Name three rivers of Africa.", 6: "Why is the sky blue today?",
+             7: "Explain photosynthesis simply."}
+    order = [2, 1, 4, 0, 3, 6, 5, 7]
+    kept, started = run(3, order, texts)
+    assert kept == ["What is a prime number?", "How do tides work on Earth?", "Name three rivers of Africa."]
+    assert started == 9  # tries 6 to 8 started while try 5, which gave the third question, was unfinished
+    assert run(2, order, texts)[0] == kept[:2]
+    assert run(3, sorted(order), texts)[0] == kept  # finishing in try order: the same questions
+    never = _QuestionTries(2, float("inf"), lambda done: None)
+    while (attempt := never.next()) is not None:
+        never.finished(attempt, None)
+    assert never.kept == [] and never.started == 8  # at most 4 tries a question
+
+
 def test_the_fit_estimator_counts_the_head_and_the_kept_states(oracle_head, tmp_path, monkeypatch, smollm_q4_path):
     from backends.drafters import method_spec
     from backends.hardware.fit import method_extra, trained_head_bytes
