@@ -119,7 +119,8 @@ def user_turn_prefix(model) -> list[int]:
 
 
 def own_questions(session, count: int, seed: int, deadline: float = float("inf"),
-                  progress: Callable[[int], None] = lambda done: None) -> list[str]:
+                  progress: Callable[[int], None] = lambda done: None, *, first_try: int = 0,
+                  known: Sequence[str] = ()) -> list[tuple[int, str]]:
     """``count`` distinct questions the model writes itself, sampled from where its chat template
     opens a user turn (the Magpie recipe: an instruction-tuned model has learned what users ask).
 
@@ -127,9 +128,13 @@ def own_questions(session, count: int, seed: int, deadline: float = float("inf")
     trained on their answers agrees with the model on 72% of the training conversations' tokens
     and 38% of held-out ones (SmolLM2 EAGLE, measured). Questions of the model's own cost a fraction
     of a second each, need no download, and come in the kind of text the model answers in. A
-    target that decodes several sequences at once writes ``QUESTION_SEQUENCES`` together."""
+    target that decodes several sequences at once writes ``QUESTION_SEQUENCES`` together.
+
+    Returns (try number, question) pairs. Try ``n`` samples from seed ``seed * 1_000_003 + n``;
+    ``first_try`` and ``known`` (questions written before, never repeated) continue a seed's
+    questions where an earlier call stopped."""
     prefix = user_turn_prefix(session.model)
-    tries = _QuestionTries(count, deadline, progress)
+    tries = _QuestionTries(count, deadline, progress, first_try, known)
     if SEQUENCES in session.target.offers and prefix:
         _write_together(session, prefix, seed, tries)
     else:
@@ -145,16 +150,18 @@ class _QuestionTries:
     those give ``count``: the questions kept are the same whether one or several are written at
     once and whatever order they finish in, and asking for fewer gives the first of them."""
 
-    def __init__(self, count: int, deadline: float, progress: Callable[[int], None]) -> None:
-        self.count, self.deadline, self.progress = count, deadline, progress
-        self.started = self.judged = 0
-        self.kept: list[str] = []
-        self._seen: set[str] = set()
+    def __init__(self, count: int, deadline: float, progress: Callable[[int], None], first: int = 0,
+                 known: Sequence[str] = ()) -> None:
+        self.count, self.deadline, self.progress, self.first = count, deadline, progress, first
+        self.started = self.judged = first
+        self.kept: list[tuple[int, str]] = []
+        self._seen = {q.lower() for q in known}
         self._finished: dict[int, str | None] = {}
 
     def next(self) -> int | None:
         """The next try's number, or None when no more are needed (or the time is up)."""
-        if len(self.kept) >= self.count or self.started >= 4 * self.count or time.time() > self.deadline:
+        if (len(self.kept) >= self.count or self.started - self.first >= 4 * self.count
+                or time.time() > self.deadline):
             return None
         self.started += 1
         return self.started - 1
@@ -167,7 +174,7 @@ class _QuestionTries:
             self.judged += 1
             if text is not None and len(text) >= 12 and text.lower() not in self._seen:
                 self._seen.add(text.lower())
-                self.kept.append(text)
+                self.kept.append((self.judged - 1, text))
                 self.progress(len(self.kept))
 
 
@@ -208,7 +215,8 @@ def _write_together(session, prefix: list[int], seed: int, tries: _QuestionTries
     the prefix and starts the next try. The width is fixed, not measured: every run then decodes
     the same batches, which keeps a seed's questions the same (other shapes move a near-tie)."""
     model, eog = session.model, session.model.eog_ids
-    with session.target.sequences(QUESTION_SEQUENCES, max(16, len(prefix) + OWN_QUESTION_TOKENS + 1)) as seqs:
+    room = -(-(len(prefix) + OWN_QUESTION_TOKENS + 1) // 256) * 256  # llama.cpp sizes contexts in 256s
+    with session.target.sequences(QUESTION_SEQUENCES, room) as seqs:
         slots: list[_Question | None] = [None] * seqs.n_seqs
 
         def start(s: int) -> None:
@@ -240,18 +248,25 @@ def _write_together(session, prefix: list[int], seed: int, tries: _QuestionTries
 
 def own_conversations(session, folder: Path, req: TrainRequest, *, deadline: float,
                       report: Callable[[dict], None]) -> dict[int, list[str]]:
-    """``--data self``: the model's own questions, one conversation each, written once into the
-    recording's folder (``questions.jsonl``) so a resumed recording asks the same ones. No
+    """``--data self``: the model's own questions, one conversation each, kept in the recording's
+    folder (``questions.jsonl``, with each one's try number) so a resumed recording asks the same
+    ones, and a run that asks for more (``--prompts``) goes on with the seed's next tries. No
     follow-up turns: they make more of few prompts, and here prompts are as many as wanted."""
     path = folder / "questions.jsonl"
-    if not path.exists():
-        count = req.prompts or OWN_QUESTIONS_COUNT
-        questions = own_questions(session, count, req.seed, deadline,
-                                  progress=lambda done: report({"phase": "questions", "done": done, "total": count}))
-        if not questions:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
+    count = max(req.prompts or OWN_QUESTIONS_COUNT, len(rows))
+    if len(rows) < count:
+        known = [str(row["prompt"]) for row in rows]
+        # a file written before try numbers were kept: at most 4 tries went to each of its questions
+        first = max((int(row["try"]) + 1 for row in rows if "try" in row), default=4 * len(rows))
+        more = own_questions(session, count - len(rows), req.seed, deadline, first_try=first, known=known,
+                             progress=lambda done: report({"phase": "questions", "done": len(rows) + done,
+                                                           "total": count}))
+        if not rows and not more:
             raise SpecDeckError(f"{session.model.path} wrote no question of its own in the time given (more "
                                 "--minutes; or the model has no chat template)")
-        write_atomic(path, "".join(json.dumps({"prompt": q}) + "\n" for q in questions))
+        rows += [{"prompt": q, "try": n} for n, q in more]
+        write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
     return conversations(str(path))
 
 

@@ -332,11 +332,13 @@ def test_the_model_writes_its_own_questions_and_training_records_their_answers(s
         prefix = user_turn_prefix(session.model)
         assert session.model.chat_prompt([{"role": "user", "content": "Name a fruit."}])[:len(prefix)] == prefix
         assert session.model.detokenize(prefix).rstrip().endswith("user")
-        questions = own_questions(session, 5, seed=3)
+        written = own_questions(session, 5, seed=3)
+        questions = [q for _, q in written]
         assert len(questions) == 5 and len({q.lower() for q in questions}) == 5
         assert all(len(q) >= 12 and q == q.strip() for q in questions)
-        assert own_questions(session, 2, seed=3) == questions[:2]  # a seed gives the same questions
-        assert own_questions(session, 2, seed=4) != questions[:2]
+        assert [n for n, _ in written] == sorted(n for n, _ in written)  # try numbers, in order
+        assert own_questions(session, 2, seed=3) == written[:2]  # a seed gives the same questions
+        assert own_questions(session, 2, seed=4) != written[:2]
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
@@ -349,12 +351,18 @@ def test_the_model_writes_its_own_questions_and_training_records_their_answers(s
     head = HeadFile.load(tmp_path / "h.medusa.json")
     assert head.training["data"] == "self" and head.training["conversations"] == 3
     assert main(args) == 0 and [json.loads(line)["prompt"] for line in written.read_text().splitlines()] == asked
+    args[args.index("--prompts") + 1] = "4"  # asking for more: the seed's next tries, the first three kept
+    assert main(args) == 0
+    rows = [json.loads(line) for line in written.read_text().splitlines()]
+    assert [r["prompt"] for r in rows[:3]] == asked and len(rows) == 4 and rows[3]["prompt"] not in asked
+    assert rows[3]["try"] > rows[2]["try"] and len(list(written.parent.glob("[0-9]*.safetensors"))) == 4
+    args[args.index("--prompts") + 1] = "3"
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "Name a fruit."}) + "\n" + json.dumps({"prompt": "Say hello."}) + "\n")
     args[args.index("self")] = f"{prompts},self"  # two sources: the file's recorded apart, the questions' reused
     assert main(args) == 0
-    assert HeadFile.load(tmp_path / "h.medusa.json").training["conversations"] == 5
-    assert len(list(written.parent.glob("[0-9]*.safetensors"))) == 3
+    assert HeadFile.load(tmp_path / "h.medusa.json").training["conversations"] == 6  # all four recorded
+    assert len(list(written.parent.glob("[0-9]*.safetensors"))) == 4
 
 
 def test_questions_written_together_are_kept_in_try_order_whatever_order_they_finish_in():
@@ -375,7 +383,8 @@ def test_questions_written_together_are_kept_in_try_order_whatever_order_they_fi
             if (nxt := tries.next()) is not None:
                 running.append(nxt)
         assert shown == list(range(1, len(tries.kept) + 1))
-        return tries.kept, tries.started
+        assert [n for n, _ in tries.kept] == sorted(n for n, _ in tries.kept)
+        return [q for _, q in tries.kept], tries.started
 
     texts = {0: "What is a prime number?", 1: None, 2: "Too short", 3: "what is a PRIME number?",
              4: "How do tides work on Earth?", 5: "Name three rivers of Africa.", 6: "Why is the sky blue today?",
@@ -390,6 +399,11 @@ def test_questions_written_together_are_kept_in_try_order_whatever_order_they_fi
     while (attempt := never.next()) is not None:
         never.finished(attempt, None)
     assert never.kept == [] and never.started == 8  # at most 4 tries a question
+    more = _QuestionTries(1, float("inf"), lambda done: None, first=5, known=["How do tides work on earth?"])
+    assert more.next() == 5
+    more.finished(5, "How do tides work on Earth?")  # one known before: not asked again
+    more.finished(more.next(), "Name three rivers of Africa.")
+    assert more.kept == [(6, "Name three rivers of Africa.")] and more.next() is None
 
 
 def test_the_fit_estimator_counts_the_head_and_the_kept_states(oracle_head, tmp_path, monkeypatch, smollm_q4_path):
