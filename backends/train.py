@@ -253,7 +253,7 @@ def own_conversations(session, folder: Path, req: TrainRequest, *, deadline: flo
     ones, and a run that asks for more (``--prompts``) goes on with the seed's next tries. No
     follow-up turns: they make more of few prompts, and here prompts are as many as wanted."""
     path = folder / "questions.jsonl"
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
+    rows = _question_rows(path)
     count = max(req.prompts or OWN_QUESTIONS_COUNT, len(rows))
     if len(rows) < count:
         known = [str(row["prompt"]) for row in rows]
@@ -268,6 +268,17 @@ def own_conversations(session, folder: Path, req: TrainRequest, *, deadline: flo
         rows += [{"prompt": q, "try": n} for n, q in more]
         write_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
     return conversations(str(path))
+
+
+def _question_rows(path: Path) -> list[dict]:
+    """The questions written so far (``{"prompt": ..., "try": n}`` a line), none if no file yet."""
+    if not path.exists():
+        return []
+    try:
+        raw = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [{"prompt": str(row["prompt"]), **({"try": int(row["try"])} if "try" in row else {})} for row in raw]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SpecDeckError(f"{path} is damaged ({exc}): delete it, and the model writes its questions anew") from None
 
 
 def conversations(data: str) -> dict[int, list[str]]:

@@ -406,6 +406,20 @@ def test_questions_written_together_are_kept_in_try_order_whatever_order_they_fi
     assert more.kept == [(6, "Name three rivers of Africa.")] and more.next() is None
 
 
+def test_a_damaged_questions_file_is_named_with_what_to_do(tmp_path):
+    from backends.core.errors import SpecDeckError
+    from backends.train import _question_rows
+
+    path = tmp_path / "questions.jsonl"
+    assert _question_rows(path) == []  # none written yet
+    path.write_text('{"prompt": "Why is the sky blue?", "try": 3}\n\n{"prompt": "Name a river."}\n')
+    assert _question_rows(path) == [{"prompt": "Why is the sky blue?", "try": 3}, {"prompt": "Name a river."}]
+    for damaged in ('{"prompt": "cut off', '{"question": "x"}', '["x"]', '{"prompt": "x", "try": "y"}'):
+        path.write_text(damaged + "\n")
+        with pytest.raises(SpecDeckError, match="questions.jsonl is damaged .*delete it"):
+            _question_rows(path)
+
+
 def test_the_fit_estimator_counts_the_head_and_the_kept_states(oracle_head, tmp_path, monkeypatch, smollm_q4_path):
     from backends.drafters import method_spec
     from backends.hardware.fit import method_extra, trained_head_bytes
