@@ -231,9 +231,16 @@ def _write_together(session, prefix: list[int], seed: int, tries: _QuestionTries
         for s in range(seqs.n_seqs):
             start(s)
         while any(slots):
-            feeds = [(s, q.feed) for s, q in enumerate(slots) if q]
-            for (s, _), step in zip(feeds, seqs.decode(feeds)):
+            feeds, budget = [], seqs.n_batch
+            for s, q in sorted(((s, q) for s, q in enumerate(slots) if q), key=lambda sq: len(sq[1].feed)):
+                if budget > 0:  # a long prefix goes in chunks: one forward takes n_batch rows at most
+                    feeds.append((s, q.feed[:budget]))
+                    budget -= len(feeds[-1][1])
+            for (s, fed), step in zip(feeds, seqs.decode(feeds)):
                 q = slots[s]
+                q.feed = q.feed[len(fed):]
+                if q.feed:
+                    continue  # more of the prefix to come
                 token = sample_token(target_distribution(step.logits, [*prefix, *q.tokens], q.sampling), q.rng)
                 if token in eog or len(q.tokens) + 1 >= OWN_QUESTION_TOKENS:
                     text = TextStream(model.token_piece)

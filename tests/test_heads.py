@@ -339,6 +339,9 @@ def test_the_model_writes_its_own_questions_and_training_records_their_answers(s
         assert [n for n, _ in written] == sorted(n for n, _ in written)  # try numbers, in order
         assert own_questions(session, 2, seed=3) == written[:2]  # a seed gives the same questions
         assert own_questions(session, 2, seed=4) != written[:2]
+        monkeypatch.setattr("backends.train.QUESTION_SEQUENCES", 12)  # 12 prefixes of 24 tokens: > 256 rows
+        wider = own_questions(session, 3, seed=5)
+        assert len({q.lower() for _, q in wider}) == 3
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
