@@ -231,11 +231,7 @@ def _write_together(session, prefix: list[int], seed: int, tries: _QuestionTries
         for s in range(seqs.n_seqs):
             start(s)
         while any(slots):
-            feeds, budget = [], seqs.n_batch
-            for s, q in sorted(((s, q) for s, q in enumerate(slots) if q), key=lambda sq: len(sq[1].feed)):
-                if budget > 0:  # a long prefix goes in chunks: one forward takes n_batch rows at most
-                    feeds.append((s, q.feed[:budget]))
-                    budget -= len(feeds[-1][1])
+            feeds = forward_feeds([(s, q.feed) for s, q in enumerate(slots) if q], seqs.n_batch)
             for (s, fed), step in zip(feeds, seqs.decode(feeds)):
                 q = slots[s]
                 q.feed = q.feed[len(fed):]
@@ -481,6 +477,19 @@ class _Slot:
     states: list[np.ndarray]  # [fed, d] float16 in all: the state after each fed token
 
 
+def forward_feeds(pending: Sequence[tuple[int, Sequence[int]]], n_batch: int) -> list[tuple[int, list[int]]]:
+    """What one forward of several sequences takes: each sequence's next tokens (sequence id,
+    tokens), the one-token ones (decoding) first, then the longer ones (prompts), in sequence
+    order, each cut to the rows left of ``n_batch``: a long prompt goes in chunks."""
+    feeds, budget = [], n_batch
+    for s, tokens in sorted(pending, key=lambda p: len(p[1]) > 1):  # stable: sequence order kept
+        if budget <= 0:
+            break
+        feeds.append((s, list(tokens[:budget])))
+        budget -= len(feeds[-1][1])
+    return feeds
+
+
 def record_together(seqs, conversations: Iterator[Conversation], store: SampleStore, *, eog: frozenset[int],
                     piece: Callable[[int], bytes], max_new_tokens: int, progress: Callable[[int, int], None]) -> None:
     """Greedy answers to several conversations at once, each in its own sequence (continuous
@@ -516,13 +525,7 @@ def record_together(seqs, conversations: Iterator[Conversation], store: SampleSt
     for s in range(seqs.n_seqs):
         refill(s)
     while any(slots):
-        feeds = [(s, slot.tokens[slot.fed :]) for s, slot in enumerate(slots) if slot and slot.fed == len(slot.tokens) - 1]
-        budget = seqs.n_batch - len(feeds)
-        for s, slot in enumerate(slots):
-            if slot and slot.fed < len(slot.tokens) - 1 and budget > 0:
-                chunk = slot.tokens[slot.fed : slot.fed + budget]
-                feeds.append((s, chunk))
-                budget -= len(chunk)
+        feeds = forward_feeds([(s, slot.tokens[slot.fed :]) for s, slot in enumerate(slots) if slot], seqs.n_batch)
         for (s, fed), step in zip(feeds, seqs.decode(feeds)):
             slot = slots[s]
             slot.fed += len(fed)
