@@ -29,7 +29,7 @@ check_system() {
 # install EXTRA: pip-install the project (with an optional extra) unless nothing changed since.
 install() {
     local extra="$1" stamp="$VENV/.specdeck-$1.stamp" want
-    want=$(cat pyproject.toml packaging/dev.sh packaging/apt.sh packaging/llama_build.sh | sha256sum | cut -d' ' -f1)
+    want=$(cat pyproject.toml packaging/dev.sh packaging/apt.sh packaging/llama_build.sh packaging/llama_patch.py packaging/llama_patches/* | sha256sum | cut -d' ' -f1)
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
     if [ ! -x "$VENV/bin/python" ]; then
         check_system

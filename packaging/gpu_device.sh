@@ -42,6 +42,7 @@ run() {
     mkdir -p "$site" "$out" /tmp/src
     start=$(date +%s)
     tar -xzf "$PACK/llama-cpp-python.tar.gz" -C /tmp/src
+    "$py" packaging/llama_patch.py /tmp/src/llama-cpp-python-"$VERSION"  # SpecDeck's CPU kernels, as llama_build.sh
     # The portable wheel's flags, plus CUDA for this GPU's architecture only (a build for every
     # home card would take far longer than one call may run).
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '.')

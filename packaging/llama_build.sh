@@ -10,7 +10,10 @@
 # (GGML_CPU_ALL_VARIANTS, as dynamically loaded modules, GGML_BACKEND_DL) and SpecDeck picks one
 # at run time after probing it in a subprocess (backends/llamacpp/runtime.py).
 #
-# The wheel is cached under the user cache directory, keyed by the version and the flags below:
+# The vendored llama.cpp gets SpecDeck's own CPU kernels first (packaging/llama_patch.py: a
+# small-batch F16/BF16 product, so a verify of a few drafted rows costs about what one row costs).
+#
+# The wheel is cached under the user cache directory, keyed by the version, the flags and the patch:
 # pip's own wheel cache is keyed by the sdist alone, so it would hand a native build back for a
 # portable request (or the reverse). Building takes about 15 minutes on 2 cores, once.
 set -euo pipefail
@@ -21,7 +24,9 @@ VERSION="0.3.36"
 # LLAVA_BUILD=OFF: SpecDeck runs no multimodal projector; mtmd is imported lazily by
 # llama-cpp-python, so leaving it out only saves build time.
 FLAGS="-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DCMAKE_INSTALL_BINDIR=llama_cpp/lib -DLLAVA_BUILD=OFF -DCMAKE_BUILD_TYPE=Release"
-KEY=$(printf '%s %s %s' "$VERSION" "$FLAGS" "$(uname -m)" | sha256sum | cut -c1-16)
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PATCH=$(cat "$HERE/llama_patch.py" "$HERE"/llama_patches/* | sha256sum | cut -c1-16)
+KEY=$(printf '%s %s %s %s' "$VERSION" "$FLAGS" "$(uname -m)" "$PATCH" | sha256sum | cut -c1-16)
 DIR="${XDG_CACHE_HOME:-$HOME/.cache}/specdeck/wheels/llama-cpp-python-$VERSION-$KEY"
 
 find_wheel() { ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl 2>/dev/null | head -n1; }
@@ -31,8 +36,13 @@ if [ -z "$(find_wheel)" ]; then
     tmp="$DIR.tmp.$$"
     rm -rf "$tmp"
     mkdir -p "$tmp"
-    CMAKE_ARGS="$FLAGS" FORCE_CMAKE=1 "$PY" -m pip wheel -q --no-deps --no-cache-dir \
-        --no-binary llama-cpp-python -w "$tmp" "llama-cpp-python==$VERSION" >&2
+    "$PY" -m pip download -q --no-deps --no-binary :all: -d "$tmp/sdist" "llama-cpp-python==$VERSION" >&2
+    mkdir -p "$tmp/src"
+    tar -xzf "$tmp"/sdist/llama_cpp_python-"$VERSION".tar.gz -C "$tmp/src" --strip-components=1
+    "$PY" "$HERE/llama_patch.py" "$tmp/src"
+    CMAKE_ARGS="$FLAGS" FORCE_CMAKE=1 "$PY" -m pip wheel -q --no-deps --no-cache-dir -w "$tmp/wheel" "$tmp/src" >&2
+    mv "$tmp"/wheel/*.whl "$tmp"/
+    rm -rf "$tmp/sdist" "$tmp/src" "$tmp/wheel"
     rm -rf "$DIR"
     mv "$tmp" "$DIR"
 fi

@@ -19,7 +19,7 @@ import pytest
 
 from backends.core.errors import BackendError
 from backends.models import llama_runtime
-from backends.models.llama_lib import cpu_runtime
+from backends.models.llama_lib import SMALL_BATCH_MARK, cpu_runtime, small_batch_kernel
 from desktop import crashlog
 
 TRAP_IN_INIT = """
@@ -124,6 +124,7 @@ def test_specdeck_hw_names_the_cpu_variant():
                                      text=True, timeout=300).stdout)
     assert data["llama_cpp"]["cpu_variant"] == variant and data["llama_cpp"]["cpu_variant_why"]
     assert "GPU backend: " in out.stdout and data["llama_cpp"]["gpu_backend_why"]  # which one runs, or why none
+    assert "Verify kernel: " in out.stdout and data["llama_cpp"]["small_batch"] == small_batch_kernel()
 
 
 CRASH_IN_LLAMA = textwrap.dedent("""
@@ -187,3 +188,120 @@ def test_the_window_reports_a_dying_variant_and_answers_on_the_next_one(module_d
         run.kill()
     cached = json.loads((tmp_path / "cache" / "llama-cpu-probe.json").read_text())
     assert [v["variant"] for v in cached.values()] == [cpu_runtime().variant]
+
+
+# -- SpecDeck's small-batch kernel (packaging/llama_patches/specdeck-smallbatch.h) -------------------
+SMALL_BATCH_LOGITS = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from backends.models.catalog import resolve_model
+    from backends.llamacpp.model import LlamaModel
+    from backends.llamacpp.target import LlamaTarget
+    from backends.core.types import Proposal
+    model = LlamaModel(resolve_model(sys.argv[2]))
+    target = LlamaTarget(model, n_ctx=256)
+    text = "Speculative decoding checks several guessed tokens in one forward pass of the model. " * 3
+    tokens = model.tokenize(text)[:48]
+    out = {}
+    for k in (1, 4, 11, 15):  # 2, 5, 12 and 16 rows: the kernel's, and tinyBLAS's above its range
+        target.reset()
+        target.prefill(tokens[:24])
+        verdict = target.verify(tokens[24], Proposal.chain(tokens[25:25 + k]))
+        out[f"batch{k + 1}"] = np.stack([verdict.row(i) for i in range(k + 1)])
+    target.reset()
+    target.prefill(tokens[:24])
+    out["one"] = np.concatenate([target.extend([t]).logits for t in tokens[24:40]])
+    np.savez(sys.argv[1], **out)
+    from backends.models.llama_lib import build_id, small_batch_kernel
+    print(small_batch_kernel(), build_id())
+""")
+
+
+def _small_batch_logits(tmp_path: Path, model: str, on: bool) -> dict:
+    import numpy as np
+
+    out = tmp_path / f"logits-{int(on)}.npz"
+    env = {**os.environ, "GGML_SPECDECK_SMALLBATCH": "1" if on else "0"}
+    done = subprocess.run([sys.executable, "-c", SMALL_BATCH_LOGITS, str(out), model], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state, build = done.stdout.split()[-2:]
+    return {**np.load(out), "state": state, "build": build}
+
+
+def test_the_build_compiles_specdeck_small_batch_kernel_into_the_variants_that_can_run_it():
+    """AVX2, F16C and FMA: every variant from haswell up has the kernel, the older ones are left
+    with ggml's own path; the variant this process runs has it wherever the CPU has AVX2."""
+    from backends.hardware.cpu import detect_cpu
+
+    variants = llama_runtime.find_variants()
+    assert SMALL_BATCH_MARK in variants["haswell"].read_bytes()
+    assert SMALL_BATCH_MARK not in variants["sse42"].read_bytes()
+    if "avx2" in detect_cpu().flags:
+        assert SMALL_BATCH_MARK in variants[cpu_runtime().variant].read_bytes()
+        assert small_batch_kernel() == ("off" if os.environ.get("GGML_SPECDECK_SMALLBATCH", "").startswith("0") else "on")
+
+
+@pytest.mark.parametrize("weights", ["F16", "BF16"])
+def test_the_small_batch_kernel_gives_ggmls_own_products(tmp_path, weights):
+    """A verify of 2, 5, 12 and 16 rows of SmolLM2 in F16 and BF16 with the kernel and with ggml's path
+    (GGML_SPECDECK_SMALLBATCH=0), each against the same tokens fed one at a time (ggml_vec_dot_f16,
+    code the patch does not touch). Sums in another order move the logits a little through 30
+    layers (measured on Zen 4, F16: at most 0.03 from ggml's batched path and from one at a time,
+    where ggml's own batched path is 0.016-0.023 from one at a time; BF16, whose rounding of the
+    activations is coarser: 0.10-0.20, against 0.14-0.17): the kernel must stay within twice
+    ggml's own distance, and pick the same best token wherever it leads by more than such noise."""
+    import numpy as np
+
+    from backends.models.catalog import entry_path, quantize
+
+    model = "smollm2-135m-f16"
+    if weights == "BF16":  # bfloat16 weights, widened by a shift instead of F16C
+        model = str(tmp_path / "smollm2-bf16.gguf")
+        quantize(entry_path("smollm2-135m-q4_1"), Path(model), "BF16")
+    on, off = _small_batch_logits(tmp_path, model, True), _small_batch_logits(tmp_path, model, False)
+    assert (on["state"], off["state"]) == ("on", "off")
+    assert on["build"] != off["build"] == on["build"].replace("+sb", "", 1)  # their cost curves are kept apart
+    for rows in (2, 5, 12, 16):
+        key = f"batch{rows}"
+        one = on["one"][:rows]
+        noise = np.abs(off[key] - one).max() + 0.01  # ggml's own batched path against one at a time
+        assert np.abs(on[key] - off[key]).max() < 2 * noise, (rows, np.abs(on[key] - off[key]).max(), noise)
+        assert np.abs(on[key] - one).max() < 2 * noise, (rows, np.abs(on[key] - one).max(), noise)
+        top2 = np.sort(one, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 0.25  # rows whose best token is no near-tie
+        assert clear.sum() >= rows // 2
+        assert (on[key].argmax(1) == one.argmax(1))[clear].all(), rows
+
+
+def _llama_patch():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "packaging" / "llama_patch.py"
+    spec = importlib.util.spec_from_file_location("specdeck_llama_patch", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_llama_patch_inserts_the_kernel_once_and_refuses_a_llama_cpp_that_moved(tmp_path):
+    patch = _llama_patch()
+    source = "// ggml-cpu.c\n" + "\n// ...\n".join(anchor for anchor, _ in patch.INSERTIONS)
+    cpu = tmp_path / patch.CPU_DIR
+    cpu.mkdir(parents=True)
+    (cpu / "ggml-cpu.c").write_text(source)
+    assert patch.main([str(tmp_path)]) == 0
+    patched = (cpu / "ggml-cpu.c").read_text()
+    assert (cpu / "specdeck-smallbatch.h").read_bytes() == patch.HEADER.read_bytes()
+    for anchor, after in patch.INSERTIONS:
+        assert patched.count(anchor + after) == 1
+    assert patched.index("specdeck_sb_mul_mat(params, dst)") > patched.index("ggml_compute_forward_mul_mat_tiled")
+    assert patch.main([str(tmp_path)]) == 0 and (cpu / "ggml-cpu.c").read_text() == patched  # again: unchanged
+    moved = source.replace('#include "tiled/tiled.h"', '#include "tiled.h"')
+    with pytest.raises(SystemExit, match='found 0 places for \'#include "tiled/tiled.h"\''):
+        patch.patch_source(moved)
+    first, after = patch.INSERTIONS[0]
+    with pytest.raises(SystemExit, match="partly patched"):
+        patch.patch_source(source.replace(first, first + after))
+    with pytest.raises(SystemExit, match="not an unpacked llama-cpp-python sdist|not found"):
+        patch.main([str(tmp_path / "nothing")])

@@ -31,9 +31,11 @@ def parse_backends(system_info: str) -> tuple[str, ...]:
 def detect_llama_build() -> LlamaBuild | None:
     """None when llama-cpp-python cannot be imported (the report then says so)."""
     try:
-        from backends.models.llama_lib import cpu_runtime, gpu_runtime, library_version, llama, system_info
+        from backends.models.llama_lib import (cpu_runtime, gpu_runtime, library_version, llama, small_batch_kernel,
+                                               system_info)
 
         runtime, gpu_rt = cpu_runtime(), gpu_runtime()
+        small_batch = small_batch_kernel()
         info = system_info()
         gpu = bool(llama().llama_supports_gpu_offload())
     except (ImportError, OSError, AttributeError):
@@ -46,4 +48,5 @@ def detect_llama_build() -> LlamaBuild | None:
         backends += (LABELS[gpu_rt.backend],)  # a loaded GPU module adds no features to the system info
     return LlamaBuild(version=library_version(), backends=backends or ("CPU",), gpu_offload=gpu, system_info=info.strip(),
                       cpu_variant=runtime.variant if runtime else None, cpu_variant_why=runtime.why if runtime else "",
-                      gpu_backend=gpu_rt.backend if gpu_rt else None, gpu_backend_why=gpu_rt.why if gpu_rt else "")
+                      gpu_backend=gpu_rt.backend if gpu_rt else None, gpu_backend_why=gpu_rt.why if gpu_rt else "",
+                      small_batch=small_batch)

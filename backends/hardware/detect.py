@@ -48,10 +48,18 @@ def format_report(report: HardwareReport) -> str:
         lines.append(f"llama.cpp  llama-cpp-python {build.version}; backends {', '.join(build.backends) or 'none'}; GPU offload: {targets}")
         variant = build.cpu_variant or ("unusable" if not build.backends else "built-in")
         lines.append(f"           CPU variant: {variant} ({build.cpu_variant_why or 'not probed'})")
+        lines.append("           Verify kernel: " + SMALL_BATCH_WORDS[build.small_batch])
         if build.gpu_backend_why:
             lines.append(f"           GPU backend: {build.gpu_backend_why}")
     lines += [f"note    {note}" for note in report.notes]
     return "\n".join(lines)
+
+
+SMALL_BATCH_WORDS = {
+    "on": "SpecDeck's small-batch F16/BF16 product (2-12 rows for about the weights' read of one)",
+    "off": "llama.cpp's own (SpecDeck's small-batch kernel turned off by GGML_SPECDECK_SMALLBATCH=0)",
+    None: "llama.cpp's own (this build or CPU variant has no SpecDeck small-batch kernel)",
+}
 
 
 def _gpu_lines(gpu: GpuInfo) -> list[str]:

@@ -88,6 +88,7 @@ class LlamaBuild:
     cpu_variant_why: str = ""  # why that one: the probe's verdict in words
     gpu_backend: str | None = None  # the GPU module that runs ("cuda", "vulkan"); None: CPU only
     gpu_backend_why: str = ""  # which devices it drives, or why no GPU module is used
+    small_batch: str | None = None  # SpecDeck's small-batch kernel: "on", "off", None (not in this build)
 
     @property
     def offload_targets(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import re
 import threading
 from collections import deque
@@ -142,11 +143,36 @@ def library_version() -> str:
 
 
 def build_id() -> str:
-    """The llama.cpp build and the code it runs here ("0.3.36/zen4", "0.3.36/zen4+cuda"):
-    measurements of speed and rounding are valid for this combination only."""
+    """The llama.cpp build and the code it runs here ("0.3.36/zen4+sb", "0.3.36/zen4+sb+cuda"):
+    measurements of speed and rounding are valid for this combination only. "+sb": SpecDeck's
+    small-batch kernel runs (a verify of a few rows costs about one row with it, 2x without)."""
     runtime, gpu = cpu_runtime(), gpu_runtime()
     cpu = runtime.variant if runtime and runtime.variant else "built-in"
-    return f"{library_version()}/{cpu}" + (f"+{gpu.backend}" if gpu and gpu.backend else "")
+    kernel = "+sb" if small_batch_kernel() == "on" else ""
+    return f"{library_version()}/{cpu}{kernel}" + (f"+{gpu.backend}" if gpu and gpu.backend else "")
+
+
+# Text compiled into a CPU module only with SpecDeck's small-batch kernel in it
+# (packaging/llama_patches/specdeck-smallbatch.h; variants without AVX2 leave it out).
+SMALL_BATCH_MARK = b"specdeck small batch: bad group"
+_marked: dict[str, bool] = {}
+
+
+def small_batch_kernel() -> str | None:
+    """SpecDeck's small-batch F16/BF16 product in the CPU code this process runs: "on", "off"
+    (``GGML_SPECDECK_SMALLBATCH=0``, which the kernel reads once per process), or None where the
+    build or its CPU variant lacks it (a stock llama-cpp-python, a CPU without AVX2)."""
+    runtime = cpu_runtime()
+    module = runtime.module if runtime is not None and runtime.module else str(llama_runtime.lib_dir() / "libggml-cpu.so")
+    if module not in _marked:
+        try:
+            with open(module, "rb") as f:
+                _marked[module] = SMALL_BATCH_MARK in f.read()
+        except OSError:
+            _marked[module] = False
+    if not _marked[module]:
+        return None
+    return "off" if os.environ.get("GGML_SPECDECK_SMALLBATCH", "").startswith("0") else "on"
 
 
 def system_info() -> str:
