@@ -337,7 +337,8 @@ def smollm_shaped_head(model_path, seed: int = 0, draft_vocab: int = 512, target
 def test_llama_cpp_runs_an_exported_head_as_numpy_does(smollm_q4_path, tmp_path):
     """Exported to llama.cpp's eagle3 architecture (RoPE rows permuted, d2t) and run by llama.cpp
     beside the target, a head gives numpy's features, states and log-probabilities along a chain,
-    to float16 rounding; a GGUF made for another width is refused with the reason."""
+    to float16 rounding, and starts its chain over after a gap in the rows; a GGUF made for
+    another width is refused with the reason."""
     from backends.heads.eagle3_gguf import export_eagle3_gguf
     from backends.llamacpp.model import LlamaModel
     from backends.llamacpp.target import LlamaTarget
@@ -367,6 +368,17 @@ def test_llama_cpp_runs_an_exported_head_as_numpy_does(smollm_q4_path, tmp_path)
         np.testing.assert_allclose(b2, a2, atol=0.01 * np.abs(a2).max())
         with pytest.raises(BackendError, match="chains"):
             theirs.forward(feats[:2], tokens[:2], np.array([8, 8]), their_cache, np.ones((2, 2), bool))
+        # true states after a gap (an idle drafter keeps only its last rows): the chain starts
+        # over there and reads as a fresh cache would; a row before its end is refused
+        their_cache.drop_scratch()
+        two = np.tril(np.ones((2, 2), bool))
+        b3 = theirs.forward(feats[:2], tokens[:2], np.array([10, 11]), their_cache, two)
+        assert (their_cache.first, their_cache.length) == (10 + theirs.offset, 2)
+        np.testing.assert_allclose(b3, theirs.forward(feats[:2], tokens[:2], np.array([10, 11]), theirs.new_cache(), two),
+                                   atol=1e-5)
+        their_cache.commit()
+        with pytest.raises(BackendError, match="continue the cache"):
+            theirs.forward(feats[:1], tokens[:1], np.array([5]), their_cache, np.ones((1, 1), bool))
         wide = export_eagle3_gguf(smollm_shaped_head(smollm_q4_path, target_d=640), smollm_q4_path, tmp_path / "w.gguf")
         with pytest.raises(HeadMismatchError, match="width 640 vs 576"):
             target.engine_head(str(wide))

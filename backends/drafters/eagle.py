@@ -13,7 +13,13 @@ Each step:
    ``expand`` nodes of the last level with the highest chance (the product of the head's
    probabilities along the path) run through the head in one batch, each attending to the cache
    and its own ancestors, and each offers its ``top_k`` tokens as children. Growth stops early
-   once no path is likelier than ``min_chance``: on a CPU every level costs a head forward.
+   once no path is likelier than ``min_chance``, or (adaptive) than what a level costs: every
+   level is a head forward, and the likeliest node it adds cannot be accepted more often than
+   the likeliest node it expands, so a level whose best parent is less likely than the level's
+   cost in target forwards cannot repay it (measured live; on SmolLM2 F16 with llama.cpp's
+   small-batch kernel, 2 CPU cores, a numpy EAGLE level took 0.28 of a target forward, the whole
+   grown tree 0.8 of one while verifying 1-3 nodes cost 1.02-1.18). Nor deeper than the most
+   nodes a step may verify: a node at depth ``d`` needs its ``d - 1`` ancestors verified too.
 3. Rerank: all grown nodes by chance, best first (a child is never likelier than its parent, so
    parents come first); how many to verify is ``TreeSteps``' call from the measured cost curve.
 
@@ -50,6 +56,7 @@ from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, LAYER_STATES, QU
 from backends.heads.eagle import EagleHead
 
 CATCH_UP_CHUNK = 128  # rows the head takes in one forward while catching up
+LEVEL_MEMORY = 0.9  # weight of the past in the running mean of a level's seconds
 IDLE_ROWS = 32  # rows kept waiting while the gate finds drafting loses: all a re-try catches up on
 
 
@@ -127,6 +134,8 @@ class EagleDrafter(Drafter):
                                sizer=sizer, gate=gate, clock=clock)
         self.sizer, self.gate = self.steps.sizer, self.steps.gate
         self.cache = head.new_cache()
+        self.clock = clock
+        self.level_seconds: float | None = None  # running mean of one tree level's head forward
         self.begin([])
 
     @property
@@ -204,12 +213,15 @@ class EagleDrafter(Drafter):
         base, state, log_probs = self._frontier
         grown = _Grown([], [], [], [], {}, {})
         level = grown.add_children(-1, log_probs, head.vocab, s.top_k)
-        max_depth = min(s.depth, budget.max_depth)
-        floor = np.log(s.min_chance) if s.min_chance > 0 else -np.inf
+        limit = min(s.max_nodes, budget.max_nodes)
+        max_depth = min(s.depth, budget.max_depth, limit)
+        least = max(s.min_chance, self._level_cost())
+        floor = np.log(least) if least > 0 else -np.inf
         for depth in range(2, max_depth + 1):
             chosen = [i for i in sorted(level, key=lambda i: -grown.scores[i])[: s.expand] if grown.scores[i] >= floor]
-            if not chosen:  # nothing this unlikely would be verified: save the head's forwards
+            if not chosen:  # nothing this unlikely would be verified, or repay the level: save the head's forwards
                 break
+            start = self.clock()
             feats = np.stack([grown.outs[grown.parents[i]] if grown.parents[i] >= 0 else state for i in chosen])
             first = self.cache.length - self.cache.committed  # scratch row of the first chosen node
             for j, node in enumerate(chosen):
@@ -220,12 +232,24 @@ class EagleDrafter(Drafter):
             tokens = np.array([grown.tokens[i] for i in chosen], np.int64)
             out = head.forward(feats, tokens, np.full(len(chosen), base + depth - 1, np.int64), self.cache, visible)
             log_probs = head.log_probs(out)  # [len(chosen), V']
+            self._level_took(self.clock() - start)
             level = []
             for j, node in enumerate(chosen):
                 grown.outs[node] = out[j]
                 level += grown.add_children(node, log_probs[j], head.vocab, s.top_k)
-        limit = min(s.max_nodes, budget.max_nodes)
         return grown.ranked(limit, max_depth).within_paths(budget.max_paths)
+
+    def _level_cost(self) -> float:
+        """One tree level's head forward in target forwards at this context (0 until both are
+        measured, and when not adaptive: a fixed tree is grown whole)."""
+        if not self.steps.adaptive or self.level_seconds is None:
+            return 0.0
+        one = self.steps.costs.seconds(0, self._root + 1)
+        return self.level_seconds / one if one > 0 else 0.0
+
+    def _level_took(self, seconds: float) -> None:
+        last = self.level_seconds
+        self.level_seconds = seconds if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * seconds
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.steps.observe(out, verdict)

@@ -105,6 +105,11 @@ class ChainHead:
         if visible.shape != (n, scratch + n) or not np.array_equal(visible, np.tri(n, scratch + n, scratch, dtype=bool)):
             raise BackendError(f"{self.what} drafts chains: each row must follow the rows before it")
         where = np.asarray(positions, np.int64) + self.offset
+        if 0 < cache.length == cache.committed and where[0] > cache.first + cache.length:
+            # true states after a gap (a drafter whose gate was shut kept only the last few rows):
+            # llama.cpp's chain cannot skip positions, so it starts over at the gap, as a head
+            # that reads past a gap sees mostly the rows after it anyway
+            cache.reset()
         if cache.length == 0:
             cache.first = int(where[0])
         if not np.array_equal(where, cache.first + cache.length + np.arange(n)):
