@@ -90,8 +90,13 @@ def test_the_block_drafts_a_chain_the_same_as_a_fresh_cache_and_refuses_anything
         assert cache.length == 3
         with pytest.raises(BackendError, match="chains"):
             head.forward(states[3:5], np.array(tokens[4:6]), np.array([3, 3]), cache, np.eye(2, dtype=bool))
-        with pytest.raises(BackendError, match="continue the cache"):
-            head.forward(states[5:6], np.array(tokens[6:7]), np.array([5]), cache, np.ones((1, 1), bool))
+        with pytest.raises(BackendError, match="continue the cache"):  # a row before the chain's end
+            head.forward(states[1:2], np.array(tokens[2:3]), np.array([1]), cache, np.ones((1, 1), bool))
+        # after a gap (a drafter whose gate was shut keeps only its last rows) the chain starts over
+        fresh = head.forward(states[5:6], np.array(tokens[6:7]), np.array([5]), head.new_cache(), np.ones((1, 1), bool))
+        out = head.forward(states[5:6], np.array(tokens[6:7]), np.array([5]), cache, np.ones((1, 1), bool))
+        assert (cache.first, cache.length) == (5 + head.offset, 1)
+        np.testing.assert_allclose(out, fresh, atol=1e-5)
         with pytest.raises(BackendError, match="last forward"):
             head.log_probs(whole)
         target.close()
