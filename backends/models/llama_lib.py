@@ -163,7 +163,10 @@ def small_batch_kernel() -> str | None:
     (``GGML_SPECDECK_SMALLBATCH=0``, which the kernel reads once per process), or None where the
     build or its CPU variant lacks it (a stock llama-cpp-python, a CPU without AVX2)."""
     runtime = cpu_runtime()
-    module = runtime.module if runtime is not None and runtime.module else str(llama_runtime.lib_dir() / "libggml-cpu.so")
+    try:
+        module = runtime.module if runtime is not None and runtime.module else str(llama_runtime.lib_dir() / "libggml-cpu.so")
+    except ImportError:  # no llama_cpp package to find the libraries by (a frozen app names its module)
+        return None
     if module not in _marked:
         try:
             with open(module, "rb") as f:
