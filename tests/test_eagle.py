@@ -212,13 +212,14 @@ def test_a_losing_head_catches_up_on_recent_rows_only(oracle_eagle, pays):
     assert drafter.cache.committed == (200 if pays else IDLE_ROWS)
 
 
-@pytest.mark.parametrize("level", [0.002, 0.05, 5.0], ids=["cheap", "dear", "dearer-than-any-guess"])
+@pytest.mark.parametrize("level", [0.002, 0.02, 5.0], ids=["cheap", "dear", "dearer-than-any-guess"])
 def test_the_tree_grows_no_deeper_than_its_nodes_or_a_levels_cost_allow(oracle_eagle, level):
     """Every tree level is a head forward (on 2 CPU cores a numpy EAGLE level cost 0.28 of a
     SmolLM2 F16 forward). A tree of at most 2 nodes needs no level past depth 2, however deep the
-    settings allow; an adaptive drafter grows a level only while the likeliest node it expands is
-    likelier than the level's measured cost in target forwards (the cost model's one-row forward
-    is 1 s here; the level's seconds come from the drafter's clock, moved by the head's forwards)."""
+    settings allow; an adaptive drafter grows a level only while the likeliest node it expands,
+    times the odds its best child had at that depth, is likelier than the level's measured cost in
+    target forwards (the cost model's one-row forward is 1 s here; the level's seconds come from
+    the drafter's clock, moved by the head's forwards)."""
     from backends.core.controller import RUN, Bandit
 
     head = EagleHead(oracle_eagle, embed)
@@ -235,8 +236,9 @@ def test_the_tree_grows_no_deeper_than_its_nodes_or_a_levels_cost_allow(oracle_e
     prompt = oracle_prompt(5)
     hidden = np.random.default_rng(4).normal(size=(len(prompt) - 1, WIDE)).astype(np.float32)
 
-    def levels(settings: EagleSettings) -> tuple[int, list[float]]:
-        """Head forwards of the second tree (the first measured a level), and its best chance by depth."""
+    def levels(settings: EagleSettings) -> tuple[int, list[float], dict[int, float]]:
+        """Head forwards of the second tree (the first measured a level and its odds), its best
+        chance by depth, and the best child's odds by depth."""
         from backends.core.tree import depth_list
 
         gate = Bandit([RUN], baseline="off", min_tries=1, explore_share=0.0)
@@ -249,18 +251,20 @@ def test_the_tree_grows_no_deeper_than_its_nodes_or_a_levels_cost_allow(oracle_e
             tree = drafter._grow(budget)
             drafter.cache.drop_scratch()
         depths = depth_list(tree.parents.tolist())
-        return len(forwards), [max(p for p, d in zip(tree.probs, depths) if d == depth) for depth in range(1, max(depths) + 1)]
+        best = [max(p for p, d in zip(tree.probs, depths) if d == depth) for depth in range(1, max(depths) + 1)]
+        return len(forwards), best, drafter.child_odds
 
     deep = EagleSettings(top_k=2, expand=2, depth=5, max_nodes=24, min_chance=0.0)
     assert levels(replace(deep, max_nodes=2, adaptive=False))[0] == 1  # depth 2 only
     assert levels(replace(deep, adaptive=False))[0] == 4  # fixed: the whole depth
-    grown, best = levels(deep)
-    assert all(best[d - 2] >= level for d in range(2, grown + 2))  # each grown level had a parent worth it
-    assert grown == 4 or best[grown] < level  # and growth stopped at the first level without one
+    grown, best, odds = levels(deep)
+    worth = [best[d - 2] * odds[d] >= level for d in range(2, min(len(best) + 2, 6))]  # its expected best child pays
+    assert all(worth[:grown])  # each grown level had a parent worth it
+    assert grown == 4 or not worth[grown]  # and growth stopped at the first level without one
     if level > 1:
         assert grown == 0  # no guess is likelier than 1: only the root's children, from the catch-up
     elif level > 0.01:
-        assert 0 < grown < 4  # this head's paths fall from 0.16 (depth 1) to 0.01 (depth 4)
+        assert 0 < grown < 4  # this head: best parent times odds 0.04, 0.04, 0.004 at depths 2-4
 
 
 def test_the_fit_estimator_counts_the_eagle_head_and_its_cache(tmp_path, monkeypatch, smollm_q4_path):

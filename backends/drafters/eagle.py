@@ -14,12 +14,13 @@ Each step:
    probabilities along the path) run through the head in one batch, each attending to the cache
    and its own ancestors, and each offers its ``top_k`` tokens as children. Growth stops early
    once no path is likelier than ``min_chance``, or (adaptive) than what a level costs: every
-   level is a head forward, and the likeliest node it adds cannot be accepted more often than
-   the likeliest node it expands, so a level whose best parent is less likely than the level's
-   cost in target forwards cannot repay it (measured live; on SmolLM2 F16 with llama.cpp's
-   small-batch kernel, 2 CPU cores, a numpy EAGLE level took 0.28 of a target forward, the whole
-   grown tree 0.8 of one while verifying 1-3 nodes cost 1.02-1.18). Nor deeper than the most
-   nodes a step may verify: a node at depth ``d`` needs its ``d - 1`` ancestors verified too.
+   level is a head forward, and what it adds is about the chance of the likeliest node it
+   expands times the probability that node's best child had at that depth lately, so a level
+   whose best child is expected to be accepted less often than the level's cost in target
+   forwards cannot repay it (both measured live; on SmolLM2 F16 with SpecDeck's small-batch
+   kernel, 2 CPU cores, a numpy EAGLE level took 0.2-0.28 of a target forward, the whole grown
+   tree 0.8 of one while verifying 1-3 nodes cost 1.02-1.18). Nor deeper than the most nodes a
+   step may verify: a node at depth ``d`` needs its ``d - 1`` ancestors verified too.
 3. Rerank: all grown nodes by chance, best first (a child is never likelier than its parent, so
    parents come first); how many to verify is ``TreeSteps``' call from the measured cost curve.
 
@@ -56,7 +57,7 @@ from backends.core.types import (EMPTY_PROPOSAL, HIDDEN_STATES, LAYER_STATES, QU
 from backends.heads.eagle import EagleHead
 
 CATCH_UP_CHUNK = 128  # rows the head takes in one forward while catching up
-LEVEL_MEMORY = 0.9  # weight of the past in the running mean of a level's seconds
+LEVEL_MEMORY = 0.9  # weight of the past in the running means of a level's seconds and odds
 IDLE_ROWS = 32  # rows kept waiting while the gate finds drafting loses: all a re-try catches up on
 
 
@@ -136,6 +137,7 @@ class EagleDrafter(Drafter):
         self.cache = head.new_cache()
         self.clock = clock
         self.level_seconds: float | None = None  # running mean of one tree level's head forward
+        self.child_odds: dict[int, float] = {}  # depth -> running mean of the best parent's best child's probability
         self.begin([])
 
     @property
@@ -215,9 +217,12 @@ class EagleDrafter(Drafter):
         level = grown.add_children(-1, log_probs, head.vocab, s.top_k)
         limit = min(s.max_nodes, budget.max_nodes)
         max_depth = min(s.depth, budget.max_depth, limit)
-        least = max(s.min_chance, self._level_cost())
-        floor = np.log(least) if least > 0 else -np.inf
+        cost = self._level_cost()
         for depth in range(2, max_depth + 1):
+            # a parent is worth expanding where its likeliest child (at the odds its best child had
+            # at this depth lately) is likelier than the level costs; or than min_chance
+            least = max(s.min_chance, cost / self.child_odds.get(depth, 1.0))
+            floor = np.log(least) if least > 0 else -np.inf
             chosen = [i for i in sorted(level, key=lambda i: -grown.scores[i])[: s.expand] if grown.scores[i] >= floor]
             if not chosen:  # nothing this unlikely would be verified, or repay the level: save the head's forwards
                 break
@@ -233,6 +238,7 @@ class EagleDrafter(Drafter):
             out = head.forward(feats, tokens, np.full(len(chosen), base + depth - 1, np.int64), self.cache, visible)
             log_probs = head.log_probs(out)  # [len(chosen), V']
             self._level_took(self.clock() - start)
+            self._odds_seen(depth, float(np.exp(log_probs[0].max())))  # row 0: the likeliest parent
             level = []
             for j, node in enumerate(chosen):
                 grown.outs[node] = out[j]
@@ -250,6 +256,10 @@ class EagleDrafter(Drafter):
     def _level_took(self, seconds: float) -> None:
         last = self.level_seconds
         self.level_seconds = seconds if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * seconds
+
+    def _odds_seen(self, depth: int, odds: float) -> None:
+        last = self.child_odds.get(depth)
+        self.child_odds[depth] = odds if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * odds
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.steps.observe(out, verdict)
