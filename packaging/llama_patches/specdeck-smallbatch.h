@@ -14,9 +14,9 @@
 // what one row costs, the other rows only their multiply-adds (measured on the same VM, the
 // model's products alone: 2 to 4 rows for the time of one, 5 rows for 1.15x).
 //
-// 256-bit vectors everywhere: on Zen 4, whose AVX-512 unit is 256 bits wide, the 512-bit version
-// of this loop was slower (5 rows 1.74x a row against 1.32x), and the loop is bound by memory
-// and multiply-adds, which both widths do at the same rate there.
+// 256-bit vectors everywhere: on Zen 4, whose AVX-512 unit is 256 bits wide, a 512-bit version
+// of this loop was no faster (one comparison, 5 rows: 1.74x a row against 1.37-1.65x), and the
+// loop is bound by memory and multiply-adds, which both widths do at the same rate there.
 //
 // The activations are rounded to the weights' type first (float16 or bfloat16, then widened
 // back), as ggml rounds them for its own F16/BF16 products, so a batched row differs from a
