@@ -706,8 +706,9 @@ def _run_prompts(session: Session, pool: _Runners, config: BenchConfig, methods:
               + against_fastest_markdown(rivals), file=out)
     choices = auto_choices(session)
     for kind, arms in choices.items():
-        print(f"\nauto on {kind} prompts: " + ", ".join(f"{arm} played {c['played']}x at {c['speed']:.2f}x"
-                                                     for arm, c in arms.items()), file=out)
+        print(f"\nauto on {kind} prompts: " + ", ".join(
+            f"{arm} played {c['played']}x" + (f" ({c['handed_over']} handed over)" if c["handed_over"] else "")
+            + f" at {c['speed']:.2f}x" for arm, c in arms.items()), file=out)
     noisy = sum(r["other_cpu"] > NOISY_OTHER_CPU for r in records)
     if noisy:
         print(f"\nwarning: {noisy} of {len(records)} runs shared the CPU with another busy process "

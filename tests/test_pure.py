@@ -435,6 +435,55 @@ def test_method_selector_learns_the_fastest_arm_per_kind_of_prompt_and_falls_bac
     assert all(arms[:4].count(a) == 2 for arms in played.values() for a in ("pld", "all"))  # tried before judged
 
 
+def test_an_answer_played_to_try_a_losing_arm_hands_over_to_the_leader_after_its_probe():
+    from backends.drafters.auto import MethodSelector
+
+    selector = MethodSelector(["pld", "head"], min_tries=1, probe_steps=4)
+    for arm, speed in (("pld", 1.5), ("head", 1.0)):  # one full answer each: pld leads
+        assert selector.choose("short") == arm
+        for _ in range(25):
+            selector.add(4, 4 / speed)
+    assert selector.choose("short") == "pld" and selector.lagging() is None  # the leader's own answer
+    for _ in range(10):
+        selector.add(3, 2.0)
+        assert selector.lagging() is None
+    selector.close()
+    selector.bandits["short"]._last["head"] = -100  # make the loser due for a re-check now
+    assert selector.choose("short") == "head"
+    for step in range(1, 6):
+        selector.add(1, 1.0)  # 1.0x: slower than pld's 1.5x
+        assert selector.lagging() == ("pld" if step >= 4 else None)  # judged only after its probe
+    before = selector.bandits["short"].chosen.copy()
+    selector.hand_over()
+    assert selector.lagging() is None and selector.handed == {"short": {"head": 1}}
+    for _ in range(50):
+        selector.add(9, 1.0)  # the leader's rest of the answer is not booked as anyone's play
+    assert selector.report()["short"]["pld"]["speed"] == pytest.approx(1.5)
+    assert selector.report()["short"]["head"]["handed_over"] == 1
+    assert selector.bandits["short"].chosen == before
+    # a tried arm that keeps up plays its whole answer
+    selector.bandits["short"]._last["head"] = -100
+    assert selector.choose("short") == "head"
+    for _ in range(30):
+        selector.add(2, 1.0)
+        assert selector.lagging() is None
+
+
+def test_the_state_window_keeps_the_last_positions_without_a_gap():
+    from backends.drafters.auto import StateWindow
+
+    window = StateWindow(5)
+    assert window.rows() is None
+    window.add(np.arange(3, dtype=np.float32)[:, None])  # positions 0-2
+    for start in range(3, 30, 3):
+        window.add(np.arange(start, start + 3, dtype=np.float32)[:, None])
+        assert window.rows()[:, 0].tolist() == list(range(max(0, start + 3 - 5), start + 3))
+    window.add(None)  # a step without states: what came before is not next to what follows
+    assert window.rows() is None
+    window.add(np.array([[40.0]]))
+    assert window.rows()[:, 0].tolist() == [40.0]
+
+
 def test_bandit_margin_gives_near_ties_to_the_simpler_arm():
     from backends.core.controller import Bandit
 

@@ -198,10 +198,67 @@ def test_auto_plays_one_arm_per_answer_and_learns_which(smollm_session, monkeypa
         got = list(generate(smollm_session.target, drafter, prompt, GREEDY, method="auto"))[-1]
         assert got.tokens == ref.tokens
         assert got.stats.played == drafter.playing  # the footer says what was played
-        arms.append(drafter.playing)
+        arms.append(drafter.playing.split(" → ")[0])  # a tried arm that lagged handed over to the leader
     assert set(arms) == set(every)  # every arm is tried before it is judged
     speeds = {arm: row["speed"] for arm, row in drafter.selector.report()["short"].items()}
     assert speeds["ar"] == 1.0 and all(v > 0 for v in speeds.values())
+
+
+class Recording(Drafter):
+    """A drafter as it is, noting what each ``begin`` handed it."""
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner, self.begun = inner, []
+        self.requires, self.prompt_states, self.state_layers = inner.requires, inner.prompt_states, inner.state_layers
+
+    def begin(self, prompt, hidden=None) -> None:
+        self.begun.append((list(prompt), None if hidden is None else hidden.copy()))
+        self.inner.begin(prompt, hidden)
+
+    def propose(self, context, budget):
+        return self.inner.propose(context, budget)
+
+    def observe(self, out, verdict) -> None:
+        self.inner.observe(out, verdict)
+
+
+@pytest.mark.parametrize("tried, leader", [("eagle2", "pld"), ("pld", "eagle2"), ("eagle2", "medusa")])
+def test_auto_hands_a_tried_arm_that_lags_over_to_the_leader_mid_answer(smollm_session, tried, leader):
+    # the leader begins where the answer stands, a reader of states with those of the positions
+    # before its root (kept by auto from every verify); output stays ar's
+    from backends.core.engine import generate
+    from backends.drafters.auto import AutoDrafter, MethodSelector
+    from tests.test_real_models import GREEDY
+
+    prompt = smollm_session.model.chat_prompt([{"role": "user", "content": "Count from 1 to 20."}])
+    smollm_session.reset()
+    ref = list(smollm_session.generate("ar", prompt, GREEDY))[-1]
+    arms = {"pld": Recording(smollm_session.drafter("pld", GREEDY.sampling)),
+            "eagle2": Recording(smollm_session.drafter("eagle2", GREEDY.sampling, adaptive=False)),
+            "medusa": Recording(smollm_session.drafter("medusa", GREEDY.sampling, adaptive=False))}
+    selector = MethodSelector([tried, leader], min_tries=1, probe_steps=3)
+    selector.bandits["short"] = selector._make()
+    selector.bandits["short"].update(leader, 1000.0, 1.0)  # the leader measured 1000x: any tried arm lags
+    auto = AutoDrafter({a: arms[a] for a in (tried, leader)}, costs=smollm_session.cost_model(), selector=selector)
+    smollm_session.reset()
+    events = list(generate(smollm_session.target, auto, prompt, GREEDY, method="auto"))
+    assert events[-1].tokens == ref.tokens and events[-1].stats.played == f"{tried} → {leader}" == auto.playing
+    assert auto.arm == leader and selector.handed == {"short": {tried: 1}}
+    assert [len(p) for p, _ in arms[tried].begun] == [len(prompt)]
+    ((context, hidden),) = arms[leader].begun
+    steps = [e for e in events if type(e).__name__ == "Step"]
+    assert len(context) == len(prompt) + sum(len(e.tokens) for e in steps[:3])  # after the tried arm's 3 steps
+    if leader == "pld":
+        assert hidden is None
+        return
+    n = len(hidden)
+    assert n == min(len(context) - 1, auto.prompt_states)
+    kept = smollm_session.target.hidden_states(len(context) - 1 - n, len(context) - 1)  # float16 copies
+    assert np.abs(hidden - kept).max() <= 2e-3 * np.abs(kept).max()
+    assert np.abs(hidden[1:] - kept[:-1]).max() > 0.1 * np.abs(kept).max()  # one position off would show
+    assert sum(e.accepted for e in steps[3:]) > 0  # the head drafted from them and was right
+    if tried == "eagle2":
+        assert sum(e.accepted for e in steps[:3]) > 0  # the window holds the accepted rows too
 
 
 def test_merged_tree_is_cut_to_what_pays_and_drafters_only_book_verified_nodes():

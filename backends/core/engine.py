@@ -150,4 +150,5 @@ def generate(
         index += 1
     stream.flush()
     stats.declined = drafter.declined  # why it drafted nothing, if it chose so
+    stats.played = drafter.playing  # what ran in the end (auto may hand an answer over mid-way)
     yield Finished(reason=reason, tokens=tuple(context[len(prompt) :]), text=stream.text, stats=stats.result(reason))
