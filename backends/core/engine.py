@@ -97,7 +97,6 @@ def generate(
     except Cancelled:
         yield Finished(reason="cancelled", tokens=(), text="", stats=stats.result("cancelled"))
         return
-    stats.played = drafter.playing  # e.g. the arm auto chose for this answer
     stats.prefilled(reused, clock() - t0)
     yield Prefilled(prompt_tokens=len(prompt), reused_tokens=reused, seconds=stats.prefill_s)
 
@@ -150,5 +149,5 @@ def generate(
         index += 1
     stream.flush()
     stats.declined = drafter.declined  # why it drafted nothing, if it chose so
-    stats.played = drafter.playing  # what ran in the end (auto may hand an answer over mid-way)
+    stats.played = drafter.playing  # what ran, read at the end: auto may hand an answer over mid-way
     yield Finished(reason=reason, tokens=tuple(context[len(prompt) :]), text=stream.text, stats=stats.result(reason))

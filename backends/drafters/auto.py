@@ -50,14 +50,20 @@ class MethodSelector:
         self.bandits: dict[Hashable, Bandit] = {}
         self.handed: dict[Hashable, dict[str, int]] = {}  # per kind and tried arm: answers handed over mid-way
         self._open: tuple[Hashable, str] | None = None
+        self.leader: str | None = None  # the running answer's kind's best arm (fixed until the answer is booked)
         self._tokens = self._cost = 0.0
         self._steps = 0
 
     def choose(self, kind: Hashable) -> str:
         self.close()
-        arm = self.bandits.setdefault(kind, self._make()).choose()
-        self._open = (kind, arm)
+        bandit = self.bandits.setdefault(kind, self._make())
+        arm = bandit.choose()
+        self._open, self.leader = (kind, arm), bandit.best()
         return arm
+
+    def trying(self) -> bool:
+        """Whether the running answer plays an arm other than the leader, to try it."""
+        return self._open is not None and self._open[1] != self.leader
 
     def add(self, tokens: int, cost: float) -> None:
         """One step of the running answer: tokens emitted and their cost in plain forwards."""
@@ -67,14 +73,11 @@ class MethodSelector:
         """The leader of the running answer's kind, where this answer plays another arm to try it
         and that arm has measured slower than the leader (by the margin) over at least
         ``probe_steps`` steps; None otherwise (and once the answer was handed over)."""
-        if self._open is None or self._steps < self.probe_steps or self._cost <= 0:
+        if not self.trying() or self._steps < self.probe_steps or self._cost <= 0:
             return None
-        kind, arm = self._open
-        bandit = self.bandits[kind]
-        leader = bandit.best()
-        if leader == arm or self._tokens / self._cost * (1.0 + self.margin) >= bandit.speed(leader):
+        if self._tokens / self._cost * (1.0 + self.margin) >= self.bandits[self._open[0]].speed(self.leader):
             return None
-        return leader
+        return self.leader
 
     def hand_over(self) -> None:
         """The running answer leaves its arm: what the arm did so far is booked as its play, the
@@ -90,7 +93,7 @@ class MethodSelector:
         """Book the running answer's tally with its bandit."""
         if self._open is not None and self._tokens > 0:
             self.bandits[self._open[0]].update(self._open[1], self._tokens, self._cost)
-        self._open, self._tokens, self._cost, self._steps = None, 0.0, 0.0, 0
+        self._open, self.leader, self._tokens, self._cost, self._steps = None, None, 0.0, 0.0, 0
 
     def report(self) -> dict[Hashable, dict[str, dict[str, float]]]:
         """Per kind of prompt and arm: answers played, how many of them were handed over to the
@@ -144,17 +147,21 @@ class AutoDrafter(Drafter):
         self.arm = PLAIN  # the arm playing now
         self.playing = PLAIN  # for stats: this answer's arm, "tried → leader" once handed over
         self._drafter: Drafter | None = None
-        self._states: StateWindow | None = None  # where the target hands out states (for an arm taking over)
+        self._states: StateWindow | None = None  # a tried arm's answer: the states a reading leader would take over with
         self._context_len = 0
         self._own = 0.0  # seconds this step spent drafting and observing
 
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         self.arm = self.playing = self.selector.choose(prompt_kind(prompt))
         self._states = None
-        if hidden is not None:
-            self._states = StateWindow(self.prompt_states)
+        if hidden is not None and self.selector.trying() and self._reads(self.selector.leader):
+            self._states = StateWindow(self.prompt_states)  # only an answer that may hand over to a reader
             self._states.add(hidden)
         self._start(prompt, hidden)
+
+    def _reads(self, arm: str | None) -> bool:
+        """Whether ``arm`` reads the target's hidden states."""
+        return arm in self.arms and HIDDEN_STATES in self.arms[arm].requires
 
     def _start(self, context: Sequence[int], hidden: np.ndarray | None) -> None:
         """The playing arm begins after ``context``, with the states of the positions before its root."""
@@ -181,7 +188,7 @@ class AutoDrafter(Drafter):
         leader = self.selector.lagging()
         if leader is None:
             return
-        reads = leader in self.arms and HIDDEN_STATES in self.arms[leader].requires
+        reads = self._reads(leader)
         if reads and self._states is None:
             return  # the target hands out no states this answer: the leader could not draft
         self.selector.hand_over()
