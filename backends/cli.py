@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="turns asked after each conversation's own, as a chat goes on (more to learn from "
                             f"few prompts; default {FOLLOW_UP_TURNS})")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+                       help="the training products' type (auto: bfloat16 autocast where this CPU runs it faster, "
+                            "timed at start; a head says which it was trained in)")
     train.add_argument("--threads", type=int, default=None)
     train.add_argument("--out", type=Path, default=None, help="where to write the head (default: the user's heads)")
     train.add_argument("--progress", choices=("text", "json"), default="text",
@@ -512,7 +515,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     train(TrainRequest(kind=args.kind, model=args.model, data=args.data, minutes=args.minutes, prompts=args.prompts,
                        steps=args.steps, max_new_tokens=args.max_new_tokens, seed=args.seed, out=args.out,
-                       n_threads=args.threads, follow_ups=args.follow_ups),
+                       n_threads=args.threads, follow_ups=args.follow_ups,
+                       precision=args.precision),
           report=json_report() if args.progress == "json" else text_report())
     return 0
 

@@ -81,6 +81,7 @@ class TrainRequest:
     prompts: int | None = None  # at most this many prompts (None: as many as the time allows)
     steps: int | None = None  # training steps (None: as many as the time allows)
     seed: int = 0
+    precision: str = "auto"  # the training products' type (``training_precision``)
     out: Path | None = None
     n_threads: int | None = None
 
@@ -551,11 +552,11 @@ def record_together(seqs, conversations: Iterator[Conversation], store: SampleSt
 
 
 def _medusa(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
-            folder: Path):
+            precision: str, folder: Path):
     """The Medusa trainer for recorded samples, and how many positions it trains on."""
     from backends.heads.training import MedusaTrainConfig, MedusaTrainer, draft_vocabulary, medusa_examples
 
-    config = MedusaTrainConfig(seed=seed)
+    config = MedusaTrainConfig(seed=seed, precision=precision)
     vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
     examples = medusa_examples(samples, vocab, config.n_heads, n_vocab, group=lambda n: n // TURNS)
     trainer = MedusaTrainer(examples, vocab, tensor_rows(model_path, vocab), fingerprint, config,
@@ -576,14 +577,14 @@ def _eagle_shape(info, draft_vocab: int):
 
 
 def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
-           folder: Path):
+           precision: str, folder: Path):
     """The EAGLE trainer: a layer shaped like one of the target's (its width, heads, feed-forward)."""
     from backends.heads.eagle_training import EagleTrainConfig, EagleTrainer, eagle_sequences
     from backends.heads.training import draft_vocabulary
     from backends.hardware.shape import load_shape
     from backends.models.weights import TokenEmbeddings
 
-    config = EagleTrainConfig(seed=seed)
+    config = EagleTrainConfig(seed=seed, precision=precision)
     info = load_shape(model_path)
     vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
     shape = _eagle_shape(info, len(vocab))
@@ -596,7 +597,7 @@ def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[i
 
 
 def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
-            folder: Path):
+            precision: str, folder: Path):
     """The EAGLE-3 trainer: the layer as for EAGLE, reading the recorded layers (``record_layers``)."""
     from backends.heads.eagle3 import Eagle3Shape
     from backends.heads.eagle3_training import Eagle3TrainConfig, Eagle3Trainer
@@ -605,7 +606,7 @@ def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[
     from backends.hardware.shape import load_shape
     from backends.models.weights import TokenEmbeddings
 
-    config = Eagle3TrainConfig(seed=seed)
+    config = Eagle3TrainConfig(seed=seed, precision=precision)
     info = load_shape(model_path)
     base = _eagle_shape(info, 1)
     layers = record_layers("eagle3", info.n_layer)[:-1]  # the last recorded state is the final one
@@ -620,7 +621,7 @@ def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[
 
 
 def _mtp(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
-         folder: Path):
+         precision: str, folder: Path):
     """The trainer of a DeepSeek-V3-style MTP module: an EAGLE layer's sizes, the final state."""
     from backends.heads.eagle_training import eagle_sequences
     from backends.heads.mtp import MTPShape
@@ -629,7 +630,7 @@ def _mtp(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int
     from backends.hardware.shape import load_shape
     from backends.models.weights import TokenEmbeddings
 
-    config = MTPTrainConfig(seed=seed)
+    config = MTPTrainConfig(seed=seed, precision=precision)
     vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
     shape = MTPShape(**_eagle_shape(load_shape(model_path), len(vocab)).__dict__)
     data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
@@ -694,9 +695,10 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     if req.kind not in TRAINERS:
         raise SpecDeckError(f"specdeck can train {', '.join(TRAINERS)} heads, not {req.kind!r}")
     from backends.factory import Session, SessionConfig, backend_for
-    from backends.heads.training import torch_or_error
+    from backends.heads.training import torch_or_error, training_precision
 
     torch_or_error()  # before an hour of recording, not after
+    training_precision(req.precision)  # a bad one too (and ``auto`` times its choice now)
     started = time.time()
     sources = data_sources(req.data)
     given = {src: with_follow_ups(conversations(src), req.follow_ups) for src in sources
@@ -728,7 +730,8 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     checkpoints = recorded[0][0].folder
     if len(sources) > 1:  # a checkpoint of these sources together, apart from the first one's alone
         checkpoints = checkpoints / ("with-" + "+".join(data_tag(src) for src in sources[1:]))
-    trainer, positions, held = TRAINERS[req.kind](samples, path, fingerprint, eog, n_vocab, req.seed, checkpoints)
+    trainer, positions, held = TRAINERS[req.kind](samples, path, fingerprint, eog, n_vocab, req.seed, req.precision,
+                                                checkpoints)
     report({"phase": "data", "positions": positions, "held_out": held, "conversations": done})
     steps = req.steps
     if steps is None:
@@ -762,6 +765,8 @@ def command_line(req: TrainRequest) -> str:
         words.append(f"--max-new-tokens {req.max_new_tokens}")
     if req.follow_ups != TrainRequest.follow_ups:
         words.append(f"--follow-ups {req.follow_ups}")
+    if req.precision != TrainRequest.precision:
+        words.append(f"--precision {req.precision}")
     return " ".join(words)
 
 

@@ -113,7 +113,7 @@ def oracle_eagle(tmp_path_factory) -> HeadFile:
     rng = np.random.default_rng(0)
     samples = record_oracle(oracle, [rng.integers(0, VOCAB, size=12).tolist() for _ in range(60)], 40)
     config = EagleTrainConfig(draft_vocab=VOCAB, lr=1e-2, batch=8, chunk=48, eval_every=40, max_epochs=60, noise=0.05,
-                              train_lm=True)
+                              train_lm=True, precision="float32")  # the same instrument on every PC
     vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
     data = eagle_sequences(samples, vocab, VOCAB, config.chunk, embed)
     lm = np.random.default_rng(5).normal(size=(VOCAB, WIDE)) * 0.3

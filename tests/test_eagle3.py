@@ -251,7 +251,8 @@ def test_training_on_the_oracle_learns_and_stays_lossless(tmp_path):
         events = list(generate(oracle, recorder, prompt, GenerationSettings(max_new_tokens=40)))
         samples.append((i, recorder.sample(prompt, events[-1].tokens)))
     assert samples[0][1].states.shape[1] == (len(LAYERS) + 1) * WIDE
-    config = Eagle3TrainConfig(draft_vocab=VOCAB, lr=1e-2, batch=8, chunk=48, depth=3, eval_every=40, max_epochs=60)
+    config = Eagle3TrainConfig(draft_vocab=VOCAB, lr=1e-2, batch=8, chunk=48, depth=3, eval_every=40, max_epochs=60,
+                               precision="float32")  # the same instrument on every PC
     vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
     data = eagle_sequences(samples, vocab, VOCAB, config.chunk, embed)
     lm = (np.random.default_rng(5).normal(size=(VOCAB, WIDE)) * 0.3).astype(np.float32)

@@ -45,7 +45,8 @@ def oracle_head(tmp_path_factory) -> HeadFile:
     oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
     rng = np.random.default_rng(0)
     samples = record_oracle(oracle, [rng.integers(0, VOCAB, size=12).tolist() for _ in range(60)], 40)
-    config = MedusaTrainConfig(n_heads=3, draft_vocab=VOCAB, lr=3e-2, batch=128, train_lm=True, max_epochs=50, eval_every=50)
+    config = MedusaTrainConfig(n_heads=3, draft_vocab=VOCAB, lr=3e-2, batch=128, train_lm=True, max_epochs=50, eval_every=50,
+                               precision="float32")  # the same instrument on every PC
     vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
     examples = medusa_examples(samples, vocab, config.n_heads, VOCAB)
     trainer = MedusaTrainer(examples, vocab, rng.normal(size=(VOCAB, WIDE)).astype(np.float32) * 0.1, FAKE_MODEL,
@@ -467,6 +468,49 @@ def test_training_stopped_halfway_resumes_to_the_same_head(tmp_path):
     a, b = straight.export({}), resumed.export({})
     for name in a.tensors:
         assert np.array_equal(a.tensors[name], b.tensors[name]), name
+
+
+def test_training_runs_in_the_precision_asked_and_a_resumed_run_keeps_its_own(tmp_path, monkeypatch):
+    """bfloat16 autocast changes the step's products (the loss moves, a little), the weights stay
+    float32; a run stopped halfway goes on in the precision it began in even where ``auto`` would
+    pick the other, and the head file says which it was trained in."""
+    torch = pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
+    from backends.core.errors import SpecDeckError
+    from backends.heads.training import (MedusaTrainConfig, MedusaTrainer, draft_vocabulary, medusa_examples,
+                                         training_precision)
+
+    assert training_precision("auto") in ("float32", "bfloat16")
+    with pytest.raises(SpecDeckError, match="float16.*auto, float32, bfloat16"):
+        training_precision("float16")
+    oracle = OracleTarget(VOCAB, seed=3, hidden_size=WIDE)
+    rng = np.random.default_rng(1)
+    samples = record_oracle(oracle, [rng.integers(0, VOCAB, size=10).tolist() for _ in range(30)], 30)
+    vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
+    examples = medusa_examples(samples, vocab, 2, VOCAB)
+    lm = rng.normal(size=(VOCAB, WIDE)).astype(np.float32)
+
+    def trainer(name: str, precision: str) -> MedusaTrainer:
+        config = MedusaTrainConfig(n_heads=2, draft_vocab=VOCAB, lr=1e-2, batch=64, max_epochs=100, eval_every=10,
+                                   precision=precision)
+        return MedusaTrainer(examples, vocab, lm, FAKE_MODEL, config, tmp_path / name)
+
+    f32, bf16 = trainer("a.safetensors", "float32"), trainer("b.safetensors", "bfloat16")
+    assert (f32.precision, bf16.precision) == ("float32", "bfloat16")
+    items = np.arange(64)
+    exact, rounded = f32._loss(items).item(), bf16._loss(items).item()
+    assert exact != rounded and abs(exact - rounded) < 0.05 * abs(exact)
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+    monkeypatch.setattr("backends.heads.training._faster_precision", lambda: "bfloat16")  # a machine where it pays
+    first = trainer("c.safetensors", "auto")
+    calls = iter(range(1000))
+    first.run(40, stop=lambda: next(calls) >= 15)
+    assert (first.step, first.precision) == (15, "bfloat16")
+    assert trainer("c.safetensors", "float32").step == 0  # another precision asked: it starts over
+    monkeypatch.setattr("backends.heads.training._faster_precision", lambda: "float32")  # it no longer pays
+    resumed = trainer("c.safetensors", "auto")
+    assert (resumed.step, resumed.precision) == (15, "bfloat16")
+    resumed.run(40)
+    assert resumed.export({}).training["precision"] == "bfloat16"
 
 
 def test_heads_that_cannot_pay_stop_running(oracle_head):

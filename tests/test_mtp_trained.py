@@ -84,7 +84,8 @@ def oracle_mtp(tmp_path_factory) -> HeadFile:
     oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE)
     rng = np.random.default_rng(0)
     samples = record_oracle(oracle, [rng.integers(0, VOCAB, size=12).tolist() for _ in range(60)], 40)
-    config = MTPTrainConfig(draft_vocab=VOCAB, lr=1e-2, batch=8, chunk=48, depth=3, eval_every=40, max_epochs=60)
+    config = MTPTrainConfig(draft_vocab=VOCAB, lr=1e-2, batch=8, chunk=48, depth=3, eval_every=40, max_epochs=60,
+                            precision="float32")  # the same instrument on every PC
     vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
     data = eagle_sequences(samples, vocab, VOCAB, config.chunk, embed)
     lm = (np.random.default_rng(5).normal(size=(VOCAB, WIDE)) * 0.3).astype(np.float32)

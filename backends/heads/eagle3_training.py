@@ -41,6 +41,7 @@ class Eagle3TrainConfig:
     decay: float = 0.8  # loss weight of level k: decay ** (k - 1)
     weight_decay: float = 0.0
     seed: int = 0
+    precision: str = "auto"  # the training products' type (``training_precision``)
     eval_every: int = 50
     eval_sequences: int = 24
     max_epochs: float = 30.0

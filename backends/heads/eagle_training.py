@@ -46,6 +46,7 @@ class EagleTrainConfig:
     noise: float = 0.1  # input noise, times the states' RMS
     ce_weight: float = 0.1
     seed: int = 0
+    precision: str = "auto"  # the training products' type (``training_precision``)
     eval_every: int = 50
     eval_sequences: int = 24  # held-out sequences agreement is measured on
     max_epochs: float = 30.0

@@ -13,6 +13,11 @@ Loss. Cross-entropy per head over the draft vocabulary, head ``k`` weighted ``0.
 as in Medusa-1 (far heads are wrong more often and matter less: a guess is only worth something
 after all guesses before it were right); targets outside the draft vocabulary are skipped.
 
+Precision. Where this CPU multiplies bfloat16 natively (AVX512-BF16, AMX), each step's forward
+runs under bfloat16 autocast, its weights, AdamW moments and held-out evaluation staying float32:
+on 2 AMD EPYC Zen 4 cores an EAGLE step took 0.61 s against 1.13-1.26 s, an unrolled MTP one 1.6 s
+against 3.1 s (2026-12-07). ``training_precision`` times one product both ways and picks.
+
 Reproducible and resumable. The example order of each epoch is a permutation drawn from
 ``seed`` and the epoch number, and a checkpoint (weights, AdamW moments, step, every
 ``CHECKPOINT_S`` seconds and at the end, safetensors like everything else) lets a killed run go on
@@ -21,6 +26,8 @@ from where it was: the same seed and step count give the same head, interrupted 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import time
@@ -37,6 +44,8 @@ from backends.heads.record import Sample
 from backends.models.paths import write_atomic
 
 CHECKPOINT_S = 30.0
+PRECISIONS = ("auto", "float32", "bfloat16")
+BF16_SHARE = 0.75  # bfloat16 autocast trains where its product takes at most this share of float32's
 HOLDOUT_EVERY = 20  # one conversation in 20 is held out (the last one, if there are fewer)
 
 
@@ -44,6 +53,35 @@ def torch_or_error():
     from backends.addons import require
 
     return require("torch", "training a head")
+
+
+def training_precision(requested: str = "auto") -> str:
+    """``float32`` or ``bfloat16`` (autocast): what was asked, or for ``auto`` the faster here."""
+    if requested not in PRECISIONS:
+        raise SpecDeckError(f"precision {requested!r}: choose one of {', '.join(PRECISIONS)}")
+    return _faster_precision() if requested == "auto" else requested
+
+
+@functools.cache
+def _faster_precision() -> str:
+    """Timed once per process (about 0.3 s): a training-sized product, [2048, 576] rows through a
+    576 -> 1536 layer, in float32 and under bfloat16 autocast. Natively the latter takes under half
+    the time (AMD EPYC Zen 4: 17 ms against 38 ms); emulated, more than float32's. The margin keeps
+    a machine from flipping between runs, which would change the head a seed gives."""
+    torch = torch_or_error()
+    x, w = torch.full((2048, 576), 0.01), torch.full((1536, 576), 0.01)
+
+    def seconds(bf16: bool) -> float:
+        best = float("inf")
+        for round_ in range(4):  # the first is untimed: threads start, clocks rise
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                torch.nn.functional.linear(x, w)
+            if round_:
+                best = min(best, time.perf_counter() - start)
+        return best
+
+    return "bfloat16" if seconds(True) <= BF16_SHARE * seconds(False) else "float32"
 
 
 @dataclass(frozen=True)
@@ -55,6 +93,7 @@ class MedusaTrainConfig:
     weight_decay: float = 0.0
     decay: float = 0.8  # loss weight of head k: decay ** (k - 1)
     seed: int = 0
+    precision: str = "auto"  # the training products' type (``training_precision``)
     train_lm: bool = False  # also train the output layer (over-fits the few answers a PC records in minutes)
     eval_every: int = 250  # steps between held-out evaluations; the best evaluated head is the one kept
     max_epochs: float = 8.0  # at most this many passes over the examples
@@ -181,7 +220,9 @@ class HeadTrainer:
         self.step = 0
         self.steps = 0
         self.best: tuple[float, int, dict] | None = None  # (score, step, weights) of the best evaluation
+        self.precision = ""  # what the steps run in: a resumed run's own, else ``training_precision``
         self._resume()
+        self.precision = self.precision or training_precision(getattr(config, "precision", "float32"))
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -195,6 +236,7 @@ class HeadTrainer:
             return  # another run's checkpoint: start over
         if int(info["step"]) >= int(info["steps"]):
             return  # a finished run: a new command trains anew (to the same head, for the same steps)
+        precision = info.get("precision", "float32")  # the run goes on in its own (an asked one is in its config)
         tensors = load_file(str(self.checkpoint))
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         state = self.opt.state_dict()
@@ -202,7 +244,7 @@ class HeadTrainer:
             state["state"][i] = {"step": tensors[f"opt.{i}.step"], "exp_avg": tensors[f"opt.{i}.exp_avg"],
                                  "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"]}
         self.opt.load_state_dict(state)
-        self.step, self.steps = int(info["step"]), int(info["steps"])
+        self.step, self.steps, self.precision = int(info["step"]), int(info["steps"]), precision
         best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
         if best:
             self.best = (float(info["best_score"]), int(info["best_step"]), best)
@@ -225,7 +267,7 @@ class HeadTrainer:
         tmp.replace(self.checkpoint)
         write_atomic(self.checkpoint.with_suffix(".json"), json.dumps(
             {"config": self.config.__dict__, "examples": self.recipe.identity, "step": self.step,
-             "steps": self.steps, "best_score": self.best[0] if self.best else None,
+             "steps": self.steps, "precision": self.precision, "best_score": self.best[0] if self.best else None,
              "best_step": self.best[1] if self.best else None}) + "\n")
 
     # -- training ------------------------------------------------------------------------------
@@ -238,7 +280,14 @@ class HeadTrainer:
         return order[i * batch : (i + 1) * batch]
 
     def _loss(self, items: np.ndarray):
-        return self.recipe.loss(items, self.step)
+        with self._autocast():
+            return self.recipe.loss(items, self.step)
+
+    def _autocast(self):
+        """The forward's products in bfloat16 where ``precision`` says so (backward follows them)."""
+        if self.precision != "bfloat16":
+            return contextlib.nullcontext()
+        return self.torch.autocast("cpu", dtype=self.torch.bfloat16)
 
     def agreement(self) -> list[float]:
         self.model.eval()
@@ -330,7 +379,7 @@ class HeadTrainer:
         """The best evaluated head (the last state if none was evaluated) as a head file."""
         state = self.best[2] if self.best is not None else self.model.state_dict()
         config, tensors = self.recipe.export(state)
-        training = dict(training, best_step=self.best[1] if self.best else self.step)
+        training = dict(training, best_step=self.best[1] if self.best else self.step, precision=self.precision)
         trained = {name for name, _ in self.model.named_parameters()}
         frozen = ("lm.weight",) if "lm" in state and "lm" not in trained else ()  # the target's own rows
         return HeadFile(self.kind, config, self.target, tensors, training, from_target=frozen)
