@@ -186,6 +186,12 @@ class TrainDialog(QDialog):
             self.progress.setValue(int(event["done"]))
             self.status.setText(f"The model answers prompts: {event['done']} of {event['total']} conversations, "
                                 f"{event['tokens_per_s']:.0f} tokens/s ({event['eta_s'] / 60:.1f} min left for this)")
+        elif phase == "reread":
+            self.progress.setRange(0, int(event["total"]))
+            self.progress.setValue(int(event["done"]))
+            self.status.setText(f"The model reads its recorded answers again for this head: {event['done']} of "
+                                f"{event['total']} conversations, {event['tokens_per_s']:.0f} tokens/s "
+                                f"({event['eta_s'] / 60:.1f} min left for this)")
         elif phase == "data":
             self.status.setText(f"Training on {event['positions']:,} positions of {event['conversations']} "
                                 "conversations ...")

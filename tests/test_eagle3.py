@@ -322,6 +322,44 @@ def test_train_cli_records_layers_and_writes_an_eagle3_head_that_drafts_lossless
         head.check_for(ModelFingerprint("other", "gemma3", "Q4_K", 1, 640, 262144, "f" * 16), "eagle3")
 
 
+def test_train_eagle3_reads_the_answers_of_another_recording_again_instead_of_answering_anew(smollm_q4_path, tmp_path,
+                                                                                          monkeypatch):
+    """Conversations recorded for a head of the final state (Medusa here) are not answered again for
+    an EAGLE-3 head: their recorded tokens are prefilled (a conversation's turns reusing the cache)
+    and the three layers and the final state kept, in the same samples; the final states read
+    again are the recorded ones up to batch rounding, position for position."""
+    pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
+    from backends.heads.record import SampleStore
+    from backends.train import TrainRequest, train
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"turns": [t]}) for t in ["Say hello.", "Name a fruit.", "What is 2+2?"]) + "\n")
+    common = dict(model=str(smollm_q4_path), data=str(prompts), max_new_tokens=24, follow_ups=1, minutes=60)
+    events: list[dict] = []
+    train(TrainRequest(kind="medusa", steps=2, out=tmp_path / "h.medusa", **common), report=events.append)
+    assert any(e["phase"] == "record" for e in events)
+    events.clear()
+    train(TrainRequest(kind="eagle3", steps=2, out=tmp_path / "h.eagle3", **common), report=events.append)
+    phases = [e["phase"] for e in events]
+    assert "record" not in phases and "questions" not in phases, phases  # nothing answered anew
+    assert [e for e in events if e["phase"] == "reread"][-1]["done"] == 3
+    HeadFile.load(tmp_path / "h.eagle3.json").check_for(ModelFingerprint.of(smollm_q4_path), "eagle3")
+    folders = {f.parent.name: f.parent for f in (tmp_path / "cache").rglob("source.json")}
+    assert len(folders) == 2
+    donor, layered = (SampleStore(f, json.loads((f / "source.json").read_text()))
+                      for f in sorted(folders.values(), key=lambda f: "layers" in f.name))
+    assert donor.indices() == layered.indices() and len(donor.indices()) == 6  # 3 conversations of 2 turns
+    for n in donor.indices():
+        a, b = donor.get(n), layered.get(n)
+        assert np.array_equal(a.tokens, b.tokens) and a.n_prompt == b.n_prompt
+        assert b.states.shape == (len(b.tokens) - 1, 4 * 576)
+        was, now = a.states.astype(np.float32), b.states[:, 3 * 576 :].astype(np.float32)
+        cos = (was * now).sum(1) / (np.linalg.norm(was, axis=1) * np.linalg.norm(now, axis=1))
+        assert cos.min() > 0.99, (n, cos.min())  # a state one position off would not be near
+
+
 def smollm_shaped_head(model_path, seed: int = 0, draft_vocab: int = 512, target_d: int = 576) -> HeadFile:
     """A random EAGLE-3 head for SmolLM2 (its width, heads and three layers), scaled like a trained one."""
     fp = ModelFingerprint.of(model_path)
