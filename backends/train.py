@@ -24,6 +24,7 @@ next to the user's other heads (``files.head_stem``), where sessions find it for
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import sys
@@ -360,7 +361,30 @@ def data_folder(fingerprint: ModelFingerprint, data: str, max_new_tokens: int, l
     tag = data_tag(data)
     tag += f"-follow{follow_ups}" if follow_ups else ""
     which = "-layers" + "_".join(map(str, layers)) if layers else ""  # recordings of other states apart
-    return cache_dir() / "train" / f"{fingerprint.vocab_digest}-{fingerprint.file_type}" / f"{tag}-{max_new_tokens}{which}"
+    return model_folder(fingerprint) / f"{tag}-{max_new_tokens}{which}"
+
+
+def model_folder(fingerprint: ModelFingerprint) -> Path:
+    """Where one model's recordings live: by vocabulary, weight type and a digest of the model's
+    name and shape, since the sizes of one family share a vocabulary (SmolLM2 135M and 360M,
+    Qwen2.5 0.5B to 72B) and each records its own states. Recordings made before the digest was
+    part of the name (2026-12-07) are moved here when every one of them is this model's."""
+    root = cache_dir() / "train"
+    digest = hashlib.sha256(fingerprint.describe().encode()).hexdigest()[:8]
+    folder = root / f"{fingerprint.vocab_digest}-{fingerprint.file_type}-{digest}"
+    before = root / f"{fingerprint.vocab_digest}-{fingerprint.file_type}"
+    if not folder.exists() and before.is_dir() and _only_recordings_of(before, fingerprint):
+        before.rename(folder)
+    return folder
+
+
+def _only_recordings_of(folder: Path, fingerprint: ModelFingerprint) -> bool:
+    """Whether every recording in ``folder`` says it is of this model (and there is one)."""
+    manifests = list(folder.glob("*/source.json"))
+    try:
+        return bool(manifests) and all(json.loads(m.read_text())["model"] == fingerprint.describe() for m in manifests)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 class Conversation:

@@ -564,6 +564,28 @@ def test_follow_ups_extend_each_conversation_and_are_recorded_apart():
     assert data_folder(fp, "spec-bench", 256, (), 3) != data_folder(fp, "spec-bench", 256, (), 0)
 
 
+def test_models_of_one_family_record_apart_and_an_older_folder_of_the_model_is_taken_over(tmp_path, monkeypatch):
+    """SmolLM2 135M and 360M share a vocabulary and a weight type, not their states: each records
+    into its own folder (the second was refused as "another recording" when folders went by
+    vocabulary alone). A folder of that older layout holding only this model's recordings is taken
+    over, one holding another model's is left alone."""
+    from backends.heads.record import SampleStore
+    from backends.train import data_folder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    small = ModelFingerprint("SmolLM2 135M", "llama", "F16", 30, 576, 49152, "d" * 16)
+    large = ModelFingerprint("SmolLM2 360M", "llama", "F16", 32, 960, 49152, "d" * 16)
+    older = tmp_path / "cache" / "specdeck" / "train" / f"{'d' * 16}-F16"
+    store = SampleStore(older / "self-256", {"model": small.describe(), "data": "self", "max_new_tokens": 256})
+    store.put(0, Sample(np.arange(3, dtype=np.int32), np.zeros((2, 576), np.float16), 1))
+    assert data_folder(large, "self", 256).parent != older and older.exists()  # another model's: left alone
+    taken = data_folder(small, "self", 256)
+    assert not older.exists() and SampleStore(taken, {"model": small.describe(), "data": "self",
+                                                      "max_new_tokens": 256}).indices() == [0]
+    assert data_folder(large, "self", 256) != taken
+    SampleStore(data_folder(large, "self", 256), {"model": large.describe(), "data": "self", "max_new_tokens": 256})
+
+
 def test_the_recording_with_more_samples_is_trained_from_and_checkpoints_are_not_samples(tmp_path, monkeypatch):
     """An EAGLE head may train from an EAGLE-3 recording (it keeps the final state too) when that
     one holds more conversations; a trainer's checkpoint kept in a folder is no conversation."""
