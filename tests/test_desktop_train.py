@@ -37,6 +37,8 @@ def test_train_button_trains_heads_and_unlocks_medusa_and_eagle2(qtbot, home, ge
         assert dialog.arguments()[dialog.arguments().index("--data") + 1] == "self"
         dialog.show_event({"phase": "questions", "done": 3, "total": 10})
         assert dialog.progress.value() == 3 and "own questions: 3 of 10" in dialog.status.text()
+        dialog.show_event({"phase": "reread", "done": 4, "total": 9, "tokens_per_s": 350.0, "eta_s": 90.0})
+        assert dialog.progress.value() == 4 and "recorded answers again" in dialog.status.text()
         prompts = home / "prompts.jsonl"
         prompts.write_text(json.dumps({"turns": ["Say hello."]}) + "\n" + json.dumps({"prompt": "Name a fruit."}) + "\n")
         dialog.data.insertItem(0, prompts.name, str(prompts))
