@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     sans.add_argument("--out", type=Path, required=True)
     train = sub.add_parser("train", help="train a draft head for a model, on this PC, from its own answers")
     from backends.heads.files import HEAD_KINDS
+    from backends.heads.training import PRECISIONS
     from backends.train import FOLLOW_UP_TURNS
 
     train.add_argument("kind", choices=HEAD_KINDS)
@@ -199,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="turns asked after each conversation's own, as a chat goes on (more to learn from "
                             f"few prompts; default {FOLLOW_UP_TURNS})")
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+    train.add_argument("--precision", choices=PRECISIONS, default="auto",
                        help="the training products' type (auto: bfloat16 autocast where this CPU runs it faster, "
                             "timed at start; a head says which it was trained in)")
     train.add_argument("--threads", type=int, default=None)

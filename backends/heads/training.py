@@ -222,7 +222,7 @@ class HeadTrainer:
         self.best: tuple[float, int, dict] | None = None  # (score, step, weights) of the best evaluation
         self.precision = ""  # what the steps run in: a resumed run's own, else ``training_precision``
         self._resume()
-        self.precision = self.precision or training_precision(getattr(config, "precision", "float32"))
+        self.precision = self.precision or training_precision(config.precision)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _resume(self) -> None:
