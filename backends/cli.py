@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     sans.add_argument("--out", type=Path, required=True)
     train = sub.add_parser("train", help="train a draft head for a model, on this PC, from its own answers")
     from backends.heads.files import HEAD_KINDS
-    from backends.heads.training import PRECISIONS
+    from backends.heads.training import DEVICES, PRECISIONS
     from backends.train import FOLLOW_UP_TURNS
 
     train.add_argument("kind", choices=HEAD_KINDS)
@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--precision", choices=PRECISIONS, default="auto",
                        help="the training products' type (auto: bfloat16 autocast where this CPU runs it faster, "
                             "timed at start; a head says which it was trained in)")
+    train.add_argument("--device", choices=DEVICES, default="auto",
+                       help="where the head trains (auto: a CUDA GPU torch sees, else the CPU; recording runs on "
+                            "the model's own backend either way)")
     train.add_argument("--threads", type=int, default=None)
     train.add_argument("--out", type=Path, default=None, help="where to write the head (default: the user's heads)")
     train.add_argument("--progress", choices=("text", "json"), default="text",
@@ -517,7 +520,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     train(TrainRequest(kind=args.kind, model=args.model, data=args.data, minutes=args.minutes, prompts=args.prompts,
                        steps=args.steps, max_new_tokens=args.max_new_tokens, seed=args.seed, out=args.out,
                        n_threads=args.threads, follow_ups=args.follow_ups,
-                       precision=args.precision),
+                       precision=args.precision, device=args.device),
           report=json_report() if args.progress == "json" else text_report())
     return 0
 

@@ -83,6 +83,7 @@ class TrainRequest:
     steps: int | None = None  # training steps (None: as many as the time allows)
     seed: int = 0
     precision: str = "auto"  # the training products' type (``training_precision``)
+    device: str = "auto"  # where the head trains (``training_device``: a CUDA GPU torch sees, else the CPU)
     out: Path | None = None
     n_threads: int | None = None
 
@@ -576,8 +577,8 @@ def record_together(seqs, conversations: Iterator[Conversation], store: SampleSt
                 refill(s)
 
 
-def _medusa(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
-            precision: str, folder: Path):
+def _medusa(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, folder: Path,
+            *, seed: int, precision: str, device: str):
     """The Medusa trainer for recorded samples, and how many positions it trains on."""
     from backends.heads.training import MedusaTrainConfig, MedusaTrainer, draft_vocabulary, medusa_examples
 
@@ -585,7 +586,7 @@ def _medusa(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[
     vocab = draft_vocabulary([s for _, s in samples], config.draft_vocab, eog, n_vocab)
     examples = medusa_examples(samples, vocab, config.n_heads, n_vocab, group=lambda n: n // TURNS)
     trainer = MedusaTrainer(examples, vocab, tensor_rows(model_path, vocab), fingerprint, config,
-                            folder / f"medusa-seed{seed}.checkpoint.safetensors")
+                            folder / f"medusa-seed{seed}.checkpoint.safetensors", device)
     return trainer, len(examples.states), int(examples.held_out.sum())
 
 
@@ -601,8 +602,8 @@ def _eagle_shape(info, draft_vocab: int):
                       d_ff=info.n_ff or 4 * info.n_embd, draft_vocab=draft_vocab)
 
 
-def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
-           precision: str, folder: Path):
+def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, folder: Path,
+           *, seed: int, precision: str, device: str):
     """The EAGLE trainer: a layer shaped like one of the target's (its width, heads, feed-forward)."""
     from backends.heads.eagle_training import EagleTrainConfig, EagleTrainer, eagle_sequences
     from backends.heads.training import draft_vocabulary
@@ -616,13 +617,13 @@ def _eagle(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[i
     data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
                            group=lambda n: n // TURNS)
     trainer = EagleTrainer(data, vocab, tensor_rows(model_path, vocab), shape, fingerprint, config,
-                           folder / f"eagle-seed{seed}.checkpoint.safetensors")
+                           folder / f"eagle-seed{seed}.checkpoint.safetensors", device)
     held = int((data.valid & data.held_out[:, None]).sum())
     return trainer, int(data.valid.sum()), held
 
 
-def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
-            precision: str, folder: Path):
+def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, folder: Path,
+            *, seed: int, precision: str, device: str):
     """The EAGLE-3 trainer: the layer as for EAGLE, reading the recorded layers (``record_layers``)."""
     from backends.heads.eagle3 import Eagle3Shape
     from backends.heads.eagle3_training import Eagle3TrainConfig, Eagle3Trainer
@@ -640,13 +641,13 @@ def _eagle3(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[
     data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
                            group=lambda n: n // TURNS)
     trainer = Eagle3Trainer(data, vocab, tensor_rows(model_path, vocab), shape, fingerprint, config,
-                            folder / f"eagle3-seed{seed}.checkpoint.safetensors")
+                            folder / f"eagle3-seed{seed}.checkpoint.safetensors", device)
     held = int((data.valid & data.held_out[:, None]).sum())
     return trainer, int(data.valid.sum()), held
 
 
-def _mtp(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, seed: int,
-         precision: str, folder: Path):
+def _mtp(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, folder: Path,
+         *, seed: int, precision: str, device: str):
     """The trainer of a DeepSeek-V3-style MTP module: an EAGLE layer's sizes, the final state."""
     from backends.heads.eagle_training import eagle_sequences
     from backends.heads.mtp import MTPShape
@@ -661,7 +662,7 @@ def _mtp(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int
     data = eagle_sequences(samples, vocab, n_vocab, config.chunk, TokenEmbeddings(model_path),
                            group=lambda n: n // TURNS)
     trainer = MTPTrainer(data, vocab, tensor_rows(model_path, vocab), shape, fingerprint, config,
-                         folder / f"mtp-seed{seed}.checkpoint.safetensors")
+                         folder / f"mtp-seed{seed}.checkpoint.safetensors", device)
     return trainer, int(data.valid.sum()), int((data.valid & data.held_out[:, None]).sum())
 
 
@@ -762,15 +763,16 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     ``{"phase": "questions", "done", "total"}`` (``--data self``),
     ``{"phase": "record", "done", "total", "tokens_per_s", "eta_s"}`` (``"reread"`` with the same
     fields: another head's recording read again for these states), ``{"phase": "data",
-    "positions", "held_out", "conversations"}``, ``{"phase": "train", "step", "steps", "loss",
-    "agreement" (may be empty), "eta_s"}`` and ``{"phase": "done", "head", "agreement"}``."""
+    "positions", "held_out", "conversations", "device" (where it trains: "the CPU" or the GPU's
+    name), "precision"}``, ``{"phase": "train", "step", "steps", "loss", "agreement" (may be
+    empty), "eta_s"}`` and ``{"phase": "done", "head", "agreement"}``."""
     if req.kind not in TRAINERS:
         raise SpecDeckError(f"specdeck can train {', '.join(TRAINERS)} heads, not {req.kind!r}")
     from backends.factory import Session, SessionConfig, backend_for
-    from backends.heads.training import torch_or_error, training_precision
+    from backends.heads.training import device_name, training_device, training_precision
 
-    torch_or_error()  # before an hour of recording, not after
-    training_precision(req.precision)  # a bad one too (and ``auto`` times its choice now)
+    training_precision(req.precision, training_device(req.device))  # before an hour of recording, not after:
+    # no torch, a bad precision, a GPU asked that torch cannot use (and ``auto`` times its choice now)
     started = time.time()
     sources = data_sources(req.data)
     given = {src: with_follow_ups(conversations(src), req.follow_ups) for src in sources
@@ -808,9 +810,10 @@ def train(req: TrainRequest, *, report: Callable[[dict], None] = lambda event: N
     checkpoints = recorded[0][0].folder
     if len(sources) > 1:  # a checkpoint of these sources together, apart from the first one's alone
         checkpoints = checkpoints / ("with-" + "+".join(data_tag(src) for src in sources[1:]))
-    trainer, positions, held = TRAINERS[req.kind](samples, path, fingerprint, eog, n_vocab, req.seed, req.precision,
-                                                checkpoints)
-    report({"phase": "data", "positions": positions, "held_out": held, "conversations": done})
+    trainer, positions, held = TRAINERS[req.kind](samples, path, fingerprint, eog, n_vocab, checkpoints,
+                                                seed=req.seed, precision=req.precision, device=req.device)
+    report({"phase": "data", "positions": positions, "held_out": held, "conversations": done,
+            "device": device_name(trainer.device), "precision": trainer.precision})
     steps = req.steps
     if steps is None:
         left = started + req.minutes * 60 - time.time()
@@ -845,11 +848,13 @@ def command_line(req: TrainRequest) -> str:
         words.append(f"--follow-ups {req.follow_ups}")
     if req.precision != TrainRequest.precision:
         words.append(f"--precision {req.precision}")
+    if req.device != TrainRequest.device:
+        words.append(f"--device {req.device}")
     return " ".join(words)
 
 
-def text_report(out: TextIO = sys.stderr) -> Callable[[dict], None]:
-    """Progress events as one updating terminal line per phase."""
+def text_report(out: TextIO | None = None) -> Callable[[dict], None]:
+    """Progress events as one updating terminal line per phase (on stderr, as it is at each event)."""
     def show(event: dict) -> None:
         phase = event["phase"]
         if phase == "questions":
@@ -862,7 +867,7 @@ def text_report(out: TextIO = sys.stderr) -> Callable[[dict], None]:
                     f"conversations, {event['tokens_per_s']:.0f} tokens/s, {event['eta_s'] / 60:.1f} min left")
         elif phase == "data":
             line = (f"\ntraining on {event['positions']:,} positions of {event['conversations']} conversations "
-                    f"({event['held_out']:,} held out)\n")
+                    f"({event['held_out']:,} held out), on {event['device']} in {event['precision']}\n")
         elif phase == "train":
             agree = " ".join(f"{a:.2f}" for a in event["agreement"])
             line = (f"training: step {event['step']}/{event['steps']}, loss {event['loss']:.3f}, "
@@ -870,14 +875,14 @@ def text_report(out: TextIO = sys.stderr) -> Callable[[dict], None]:
         else:
             line = (f"\n{event['head']}: held-out top-1 agreement per head "
                     f"{' '.join(f'{a:.3f}' for a in event['agreement'])}\n")
-        print(f"\r{line}\033[K", end="", file=out, flush=True)
+        print(f"\r{line}\033[K", end="", file=out or sys.stderr, flush=True)
 
     return show
 
 
-def json_report(out: TextIO = sys.stdout) -> Callable[[dict], None]:
-    """Progress events as JSON lines (what the window's train dialog reads)."""
+def json_report(out: TextIO | None = None) -> Callable[[dict], None]:
+    """Progress events as JSON lines (what the window's train dialog reads), on stdout as it is."""
     def emit(event: dict) -> None:
-        print(json.dumps(event), file=out, flush=True)
+        print(json.dumps(event), file=out or sys.stdout, flush=True)
 
     return emit

@@ -194,7 +194,7 @@ class TrainDialog(QDialog):
                                 f"({event['eta_s'] / 60:.1f} min left for this)")
         elif phase == "data":
             self.status.setText(f"Training on {event['positions']:,} positions of {event['conversations']} "
-                                "conversations ...")
+                                f"conversations, on {event['device']} in {event['precision']} ...")
         elif phase == "train":
             self.progress.setRange(0, int(event["steps"]))
             self.progress.setValue(int(event["step"]))

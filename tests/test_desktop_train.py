@@ -39,6 +39,9 @@ def test_train_button_trains_heads_and_unlocks_medusa_and_eagle2(qtbot, home, ge
         assert dialog.progress.value() == 3 and "own questions: 3 of 10" in dialog.status.text()
         dialog.show_event({"phase": "reread", "done": 4, "total": 9, "tokens_per_s": 350.0, "eta_s": 90.0})
         assert dialog.progress.value() == 4 and "recorded answers again" in dialog.status.text()
+        dialog.show_event({"phase": "data", "positions": 1200, "held_out": 60, "conversations": 9,
+                           "device": "NVIDIA GeForce RTX 4090", "precision": "bfloat16"})
+        assert "1,200 positions of 9 conversations, on NVIDIA GeForce RTX 4090 in bfloat16" in dialog.status.text()
         prompts = home / "prompts.jsonl"
         prompts.write_text(json.dumps({"turns": ["Say hello."]}) + "\n" + json.dumps({"prompt": "Name a fruit."}) + "\n")
         dialog.data.insertItem(0, prompts.name, str(prompts))

@@ -118,7 +118,7 @@ def oracle_eagle(tmp_path_factory) -> HeadFile:
     data = eagle_sequences(samples, vocab, VOCAB, config.chunk, embed)
     lm = np.random.default_rng(5).normal(size=(VOCAB, WIDE)) * 0.3
     trainer = EagleTrainer(data, vocab, lm.astype(np.float32), SHAPE, FAKE_MODEL, config,
-                           tmp_path_factory.mktemp("ckpt") / "e.safetensors")
+                           tmp_path_factory.mktemp("ckpt") / "e.safetensors", device="cpu")
     result = trainer.run(240)
     assert result.agreement[0] > 3 / VOCAB, f"depth 1 learned nothing: {result.agreement}"
     return trainer.export({"test": True})

@@ -256,7 +256,7 @@ def test_training_on_the_oracle_learns_and_stays_lossless(tmp_path):
     vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
     data = eagle_sequences(samples, vocab, VOCAB, config.chunk, embed)
     lm = (np.random.default_rng(5).normal(size=(VOCAB, WIDE)) * 0.3).astype(np.float32)
-    trainer = Eagle3Trainer(data, vocab, lm, SHAPE, FAKE_MODEL, config, tmp_path / "e3.safetensors")
+    trainer = Eagle3Trainer(data, vocab, lm, SHAPE, FAKE_MODEL, config, tmp_path / "e3.safetensors", device="cpu")
     before = trainer.agreement()
     result = trainer.run(200)
     assert result.agreement[0] > max(3 / VOCAB, before[0] + 0.1), f"depth 1 learned little: {before} -> {result.agreement}"

@@ -50,7 +50,7 @@ def oracle_head(tmp_path_factory) -> HeadFile:
     vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
     examples = medusa_examples(samples, vocab, config.n_heads, VOCAB)
     trainer = MedusaTrainer(examples, vocab, rng.normal(size=(VOCAB, WIDE)).astype(np.float32) * 0.1, FAKE_MODEL,
-                            config, tmp_path_factory.mktemp("ckpt") / "m.safetensors")
+                            config, tmp_path_factory.mktemp("ckpt") / "m.safetensors", device="cpu")
     result = trainer.run(300)
     assert result.agreement[0] > 3 / VOCAB, f"head 1 learned nothing: {result.agreement}"
     return trainer.export({"test": True})
@@ -294,9 +294,10 @@ def test_recording_several_conversations_at_once_gives_the_engines_samples(smoll
     assert events[-1]["phase"] == "record" and events[-1]["done"] == 4 and events[-1]["tokens_per_s"] > 0
 
 
-def test_train_cli_records_trains_resumes_and_writes_a_head(smollm_q4_path, tmp_path, monkeypatch):
+def test_train_cli_records_trains_resumes_and_writes_a_head(smollm_q4_path, tmp_path, monkeypatch, capsys):
     pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
     from backends.cli import main
+    from backends.heads.training import device_name, training_device
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
@@ -306,6 +307,7 @@ def test_train_cli_records_trains_resumes_and_writes_a_head(smollm_q4_path, tmp_
     args = ["train", "medusa", "--model", str(smollm_q4_path), "--data", str(prompts), "--max-new-tokens", "24",
             "--steps", "20", "--out", str(tmp_path / "h.medusa")]
     assert main(args) == 0
+    assert f"on {device_name(training_device())} in " in capsys.readouterr().err  # where and in what it trained
     head = HeadFile.load(tmp_path / "h.medusa.json")
     head.check_for(ModelFingerprint.of(smollm_q4_path), "medusa")
     assert 1 <= head.training["steps"] <= 20 and len(head.training["agreement"]) == 4  # capped at 8 epochs
@@ -492,7 +494,7 @@ def test_training_runs_in_the_precision_asked_and_a_resumed_run_keeps_its_own(tm
     def trainer(name: str, precision: str) -> MedusaTrainer:
         config = MedusaTrainConfig(n_heads=2, draft_vocab=VOCAB, lr=1e-2, batch=64, max_epochs=100, eval_every=10,
                                    precision=precision)
-        return MedusaTrainer(examples, vocab, lm, FAKE_MODEL, config, tmp_path / name)
+        return MedusaTrainer(examples, vocab, lm, FAKE_MODEL, config, tmp_path / name, device="cpu")
 
     f32, bf16 = trainer("a.safetensors", "float32"), trainer("b.safetensors", "bfloat16")
     assert (f32.precision, bf16.precision) == ("float32", "bfloat16")
@@ -500,13 +502,13 @@ def test_training_runs_in_the_precision_asked_and_a_resumed_run_keeps_its_own(tm
     exact, rounded = f32._loss(items).item(), bf16._loss(items).item()
     assert exact != rounded and abs(exact - rounded) < 0.05 * abs(exact)
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
-    monkeypatch.setattr("backends.heads.training._faster_precision", lambda: "bfloat16")  # a machine where it pays
+    monkeypatch.setattr("backends.heads.training._faster_precision", lambda device: "bfloat16")  # a machine where it pays
     first = trainer("c.safetensors", "auto")
     calls = iter(range(1000))
     first.run(40, stop=lambda: next(calls) >= 15)
     assert (first.step, first.precision) == (15, "bfloat16")
     assert trainer("c.safetensors", "float32").step == 0  # another precision asked: it starts over
-    monkeypatch.setattr("backends.heads.training._faster_precision", lambda: "float32")  # it no longer pays
+    monkeypatch.setattr("backends.heads.training._faster_precision", lambda device: "float32")  # it no longer pays
     resumed = trainer("c.safetensors", "auto")
     assert (resumed.step, resumed.precision) == (15, "bfloat16")
     resumed.run(40)

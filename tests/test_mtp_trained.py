@@ -89,7 +89,8 @@ def oracle_mtp(tmp_path_factory) -> HeadFile:
     vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
     data = eagle_sequences(samples, vocab, VOCAB, config.chunk, embed)
     lm = (np.random.default_rng(5).normal(size=(VOCAB, WIDE)) * 0.3).astype(np.float32)
-    trainer = MTPTrainer(data, vocab, lm, SHAPE, FAKE_MODEL, config, tmp_path_factory.mktemp("mtp") / "m.safetensors")
+    trainer = MTPTrainer(data, vocab, lm, SHAPE, FAKE_MODEL, config, tmp_path_factory.mktemp("mtp") / "m.safetensors",
+                         device="cpu")
     before = trainer.agreement()
     result = trainer.run(200)
     assert result.agreement[0] > max(3 / VOCAB, before[0] + 0.1), f"step 1 learned little: {before} -> {result.agreement}"

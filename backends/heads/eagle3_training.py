@@ -88,12 +88,12 @@ class UnrolledRecipe(EagleRecipe):
     reads = 0
 
     def _inputs(self, rows: np.ndarray):
-        torch, d = self.torch, self.data
-        states = torch.from_numpy(d.states[rows].astype(np.float32))  # [B, L + 1, reads + d]
-        emb = self.table[torch.from_numpy(d.tokens[rows])]
+        d = self.data
+        states = self.tensor(d.states[rows].astype(np.float32))  # [B, L + 1, reads + d]
+        emb = self.table[self.tensor(d.tokens[rows])]
         final = states[..., self.reads :]
         read = states[..., : self.reads] if self.reads else final
-        return emb, self.model.features(read[:, :-1]), final[:, 1:], torch.from_numpy(d.positions[rows])
+        return emb, self.model.features(read[:, :-1]), final[:, 1:], self.tensor(d.positions[rows])
 
     def loss(self, items: np.ndarray, step: int):
         torch, c = self.torch, self.config
@@ -102,10 +102,10 @@ class UnrolledRecipe(EagleRecipe):
         preds = self.model.chain(emb, feat, pos, c.depth)
         with torch.no_grad():
             p_next = (final_next @ self.model.target_lm.T).softmax(-1)  # [B, L, V']: the target after row t
-            written = torch.from_numpy(self.data.written[rows])  # what it wrote there, on answer rows
+            written = self.tensor(self.data.written[rows])  # what it wrote there, on answer rows
             hard = torch.nn.functional.one_hot(written.clamp(min=0), p_next.shape[-1]).float()
             p_next = torch.where((written >= 0)[..., None], hard, p_next)
-        valid = torch.from_numpy(self.data.valid[rows])
+        valid = self.tensor(self.data.valid[rows])
         L = valid.shape[1]
         total, weights = 0.0, 0.0
         for level, pred in enumerate(preds):
@@ -130,5 +130,5 @@ class Eagle3Recipe(UnrolledRecipe):
 
 class Eagle3Trainer(HeadTrainer):
     def __init__(self, data: Sequences, vocab: np.ndarray, lm_init: np.ndarray, shape: Eagle3Shape,
-                 target: ModelFingerprint, config: Eagle3TrainConfig, checkpoint) -> None:
-        super().__init__(Eagle3Recipe(data, vocab, lm_init, shape, config), KIND, target, config, checkpoint)
+                 target: ModelFingerprint, config: Eagle3TrainConfig, checkpoint, device: str = "auto") -> None:
+        super().__init__(Eagle3Recipe(data, vocab, lm_init, shape, config), KIND, target, config, checkpoint, device)

@@ -31,7 +31,7 @@ from backends.core.errors import SpecDeckError
 from backends.heads.eagle import KIND, EagleShape
 from backends.heads.files import ModelFingerprint
 from backends.heads.record import Sample
-from backends.heads.training import HeadTrainer, held_out, torch_or_error
+from backends.heads.training import HeadTrainer, OnDevice, held_out, torch_or_error
 
 EVAL_DEPTH = 4  # chain depths whose agreement is measured
 
@@ -141,7 +141,7 @@ def layer_base(torch, shape: EagleShape):
 
         def _rope(self, x, pos):  # x [B, n, h, hd], pos [B, n]
             half = hd // 2
-            freqs = shape.rope_theta ** (-torch.arange(half, dtype=torch.float64) * 2.0 / hd)
+            freqs = shape.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=pos.device) * 2.0 / hd)
             ang = pos[..., None].double() * freqs  # [B, n, hd/2]
             cos, sin = ang.cos().float()[:, :, None, :], ang.sin().float()[:, :, None, :]
             a, b = x[..., :half], x[..., half:]
@@ -165,7 +165,7 @@ def layer_base(torch, shape: EagleShape):
             x, q, k, v = self.project(emb, feat, pos)
             L = x.shape[1]
             scores = torch.einsum("bnkgd,btkd->bkgnt", q, k) / hd ** 0.5
-            causal = torch.ones(L, L, dtype=torch.bool).tril()
+            causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
             w = scores.masked_fill(~causal, float("-inf")).softmax(-1)
             attn = torch.einsum("bkgnt,btkd->bnkgd", w, v).reshape(x.shape[0], L, H * hd)
             return self.finish(x, attn), (k, v)
@@ -176,7 +176,7 @@ def layer_base(torch, shape: EagleShape):
             out, (k_true, v_true) = self.forward(emb, feat, pos)
             preds, k_draft, v_draft = [out], [], []
             L = emb.shape[1]
-            causal = torch.ones(L, L, dtype=torch.bool).tril()
+            causal = torch.ones(L, L, dtype=torch.bool, device=emb.device).tril()
             for level in range(1, depth):
                 tok = torch.roll(emb, -level, dims=1)  # token t + level + 1's embedding at row t
                 x, q, k, v = self.project(tok, preds[-1], pos + level)
@@ -217,8 +217,10 @@ def eagle_module(torch, shape: EagleShape, lm_init: np.ndarray, train_lm: bool =
     return Eagle()
 
 
-class EagleRecipe:
+class EagleRecipe(OnDevice):
     """EAGLE-1: one decoder layer over (state, token) rows; items are sequences."""
+
+    kept = ("table",)
 
     def __init__(self, data: Sequences, vocab: np.ndarray, lm_init: np.ndarray, shape: EagleShape, config) -> None:
         torch = self.torch = torch_or_error()
@@ -246,22 +248,22 @@ class EagleRecipe:
         """(token embeddings, first-level features, the next final states, positions) of sequences."""
         torch = self.torch
         d = self.data
-        states = torch.from_numpy(d.states[rows].astype(np.float32))  # [B, L + 1, dim]
-        emb = self.table[torch.from_numpy(d.tokens[rows])]  # [B, L, dim]
-        return emb, self.model.features(states[:, :-1]), states[:, 1:], torch.from_numpy(d.positions[rows])
+        states = self.tensor(d.states[rows].astype(np.float32))  # [B, L + 1, dim]
+        emb = self.table[self.tensor(d.tokens[rows])]  # [B, L, dim]
+        return emb, self.model.features(states[:, :-1]), states[:, 1:], self.tensor(d.positions[rows])
 
     def loss(self, items: np.ndarray, step: int):
         torch, F, c = self.torch, self.torch.nn.functional, self.config
         rows = self.train_rows[items]
         emb, feat, target, pos = self._inputs(rows)
         gen = torch.Generator().manual_seed(c.seed * 1_000_003 + step)
-        noise = (torch.rand(feat.shape, generator=gen) * 2 - 1) * (c.noise * self.rms)
-        pred, _ = self.model(emb, feat + noise, pos)
-        mask = torch.from_numpy(self.data.valid[rows]).float()
+        noise = (torch.rand(feat.shape, generator=gen) * 2 - 1) * (c.noise * self.rms)  # on the host: the same on any device
+        pred, _ = self.model(emb, feat + noise.to(self.device), pos)
+        mask = self.tensor(self.data.valid[rows]).float()
         reg = F.smooth_l1_loss(pred, target, reduction="none").mean(-1)
         lm = self.model.lm
         log_q = (pred @ lm.T).log_softmax(-1)  # [B, L, V']
-        written = torch.from_numpy(self.data.written[rows])
+        written = self.tensor(self.data.written[rows])
         with torch.no_grad():
             p = (target @ lm.T).softmax(-1)
             p = torch.where((written >= 0)[..., None], F.one_hot(written.clamp(min=0), p.shape[-1]).float(), p)
@@ -276,7 +278,7 @@ class EagleRecipe:
         alive = written >= 0
         out = []
         for level, pred in enumerate(preds):
-            guess = self.model.logits(pred).argmax(-1).numpy()
+            guess = self.model.logits(pred).argmax(-1).cpu().numpy()
             want = np.roll(written, -level, axis=1)  # depth level+1 at row t guesses x_{t+level+2}
             if level:
                 want[:, -level:] = -1
@@ -295,5 +297,5 @@ class EagleRecipe:
 
 class EagleTrainer(HeadTrainer):
     def __init__(self, data: Sequences, vocab: np.ndarray, lm_init: np.ndarray, shape: EagleShape,
-                 target: ModelFingerprint, config: EagleTrainConfig, checkpoint) -> None:
-        super().__init__(EagleRecipe(data, vocab, lm_init, shape, config), KIND, target, config, checkpoint)
+                 target: ModelFingerprint, config: EagleTrainConfig, checkpoint, device: str = "auto") -> None:
+        super().__init__(EagleRecipe(data, vocab, lm_init, shape, config), KIND, target, config, checkpoint, device)

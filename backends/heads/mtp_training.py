@@ -78,5 +78,5 @@ class MTPRecipe(UnrolledRecipe):
 
 class MTPTrainer(HeadTrainer):
     def __init__(self, data: Sequences, vocab: np.ndarray, lm_init: np.ndarray, shape: MTPShape,
-                 target: ModelFingerprint, config: MTPTrainConfig, checkpoint) -> None:
-        super().__init__(MTPRecipe(data, vocab, lm_init, shape, config), KIND, target, config, checkpoint)
+                 target: ModelFingerprint, config: MTPTrainConfig, checkpoint, device: str = "auto") -> None:
+        super().__init__(MTPRecipe(data, vocab, lm_init, shape, config), KIND, target, config, checkpoint, device)

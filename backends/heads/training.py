@@ -13,10 +13,17 @@ Loss. Cross-entropy per head over the draft vocabulary, head ``k`` weighted ``0.
 as in Medusa-1 (far heads are wrong more often and matter less: a guess is only worth something
 after all guesses before it were right); targets outside the draft vocabulary are skipped.
 
-Precision. Where this CPU multiplies bfloat16 natively (AVX512-BF16, AMX), each step's forward
-runs under bfloat16 autocast, its weights, AdamW moments and held-out evaluation staying float32:
-on 2 AMD EPYC Zen 4 cores an EAGLE step took 0.61 s against 1.13-1.26 s, an unrolled MTP one 1.6 s
-against 3.1 s (2026-12-07). ``training_precision`` times one product both ways and picks.
+Device. A CUDA GPU that torch sees trains the head (``training_device``): the module, its
+optimizer and each step's batch live there, the recorded examples stay in host memory (a batch
+crosses once per step) and the input noise is drawn on the host, so a seed gives the same noise
+on any device. Checkpoints and the exported head are host tensors: a run begun on the GPU goes on
+on the CPU and the other way round.
+
+Precision. Where this device multiplies bfloat16 natively (AVX512-BF16, AMX; GPUs from Ampere
+on), each step's forward runs under bfloat16 autocast, its weights, AdamW moments and held-out
+evaluation staying float32: on 2 AMD EPYC Zen 4 cores an EAGLE step took 0.61 s against 1.13-1.26
+s, an unrolled MTP one 1.6 s against 3.1 s (2026-12-07). ``training_precision`` times one product
+both ways and picks.
 
 Reproducible and resumable. The example order of each epoch is a permutation drawn from
 ``seed`` and the epoch number, and a checkpoint (weights, AdamW moments, step, every
@@ -45,6 +52,7 @@ from backends.models.paths import write_atomic
 
 CHECKPOINT_S = 30.0
 PRECISIONS = ("auto", "float32", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
 BF16_SHARE = 0.75  # bfloat16 autocast trains where its product takes at most this share of float32's
 HOLDOUT_EVERY = 20  # one conversation in 20 is held out (the last one, if there are fewer)
 
@@ -55,28 +63,57 @@ def torch_or_error():
     return require("torch", "training a head")
 
 
-def training_precision(requested: str = "auto") -> str:
-    """``float32`` or ``bfloat16`` (autocast): what was asked, or for ``auto`` the faster here."""
+def training_device(requested: str = "auto") -> str:
+    """``cuda`` or ``cpu``: what was asked, or for ``auto`` the GPU where torch sees one. Asking for
+    a GPU torch cannot use is an error that says why (a CPU-only torch, or no usable device)."""
+    if requested not in DEVICES:
+        raise SpecDeckError(f"device {requested!r}: choose one of {', '.join(DEVICES)}")
+    torch = torch_or_error()
+    if requested == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if requested == "auto":
+        return "cpu"
+    if torch.version.cuda is None:
+        raise SpecDeckError(f"--device cuda: this torch ({torch.__version__}) is the CPU-only build; install a CUDA "
+                            "build of torch (https://pytorch.org/get-started/locally/) or train with --device cpu")
+    raise SpecDeckError(f"--device cuda: torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable NVIDIA "
+                        "GPU (no device, or its driver is older than this CUDA); train with --device cpu")
+
+
+def device_name(device: str) -> str:
+    """What people call ``device``: "the CPU", or the GPU's own name (its driver's)."""
+    if device == "cpu":
+        return "the CPU"
+    return torch_or_error().cuda.get_device_name(device)
+
+
+def training_precision(requested: str = "auto", device: str = "cpu") -> str:
+    """``float32`` or ``bfloat16`` (autocast): what was asked, or for ``auto`` the faster on ``device``."""
     if requested not in PRECISIONS:
         raise SpecDeckError(f"precision {requested!r}: choose one of {', '.join(PRECISIONS)}")
-    return _faster_precision() if requested == "auto" else requested
+    return _faster_precision(device) if requested == "auto" else requested
 
 
 @functools.cache
-def _faster_precision() -> str:
-    """Timed once per process (about 0.3 s): a training-sized product, [2048, 576] rows through a
-    576 -> 1536 layer, in float32 and under bfloat16 autocast. Natively the latter takes under half
-    the time (AMD EPYC Zen 4: 17 ms against 38 ms); emulated, more than float32's. The margin keeps
-    a machine from flipping between runs, which would change the head a seed gives."""
+def _faster_precision(device: str = "cpu") -> str:
+    """Timed once per process and device (about 0.3 s on a CPU): a training-sized product, [2048,
+    576] rows through a 576 -> 1536 layer, in float32 and under bfloat16 autocast. Natively the
+    latter takes under half the time (AMD EPYC Zen 4: 17 ms against 38 ms); emulated, more than
+    float32's. The margin keeps a machine from flipping between runs, which would change the head a
+    seed gives."""
     torch = torch_or_error()
-    x, w = torch.full((2048, 576), 0.01), torch.full((1536, 576), 0.01)
+    x, w = torch.full((2048, 576), 0.01, device=device), torch.full((1536, 576), 0.01, device=device)
+    settle = torch.cuda.synchronize if device == "cuda" else (lambda: None)  # a GPU returns before it is done
 
     def seconds(bf16: bool) -> float:
         best = float("inf")
-        for round_ in range(4):  # the first is untimed: threads start, clocks rise
+        for round_ in range(4):  # the first is untimed: threads start, clocks rise, kernels load
             start = time.perf_counter()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
                 torch.nn.functional.linear(x, w)
+            settle()
             if round_:
                 best = min(best, time.perf_counter() - start)
         return best
@@ -196,6 +233,9 @@ class Recipe(Protocol):
     n_train: int  # training items (examples, or sequences); a batch is ``batch`` of them
     identity: int  # changes when the data does (a checkpoint of other data is not resumed)
 
+    def place(self, device: str) -> None:
+        """Moves the module, and every tensor the recipe keeps, to ``device`` (before training)."""
+
     def loss(self, items: np.ndarray, step: int) -> Any:
         """The scalar loss of training items ``items`` at ``step`` (noise may depend on the step)."""
 
@@ -207,12 +247,36 @@ class Recipe(Protocol):
         """The head file's config and tensors for module state ``state``."""
 
 
-class HeadTrainer:
-    """Trains, checkpoints, resumes and exports one head of any kind (a ``Recipe``)."""
+class OnDevice:
+    """What a recipe needs to train on any device: its module and the tensors it keeps (``kept``,
+    attribute names) move there once (``place``); each step's host arrays cross with ``tensor``."""
 
-    def __init__(self, recipe: Recipe, kind: str, target: ModelFingerprint, config: Any, checkpoint: Path) -> None:
+    torch: Any
+    model: Any
+    device = "cpu"
+    kept: tuple[str, ...] = ()
+
+    def place(self, device: str) -> None:
+        self.device = device
+        self.model.to(device)
+        for name in self.kept:
+            setattr(self, name, getattr(self, name).to(device))
+
+    def tensor(self, array: np.ndarray):
+        """A host array as a tensor on the recipe's device."""
+        return self.torch.from_numpy(array).to(self.device)
+
+
+class HeadTrainer:
+    """Trains, checkpoints, resumes and exports one head of any kind (a ``Recipe``) on the device
+    ``device`` names (``training_device``: ``auto`` takes a CUDA GPU where torch sees one)."""
+
+    def __init__(self, recipe: Recipe, kind: str, target: ModelFingerprint, config: Any, checkpoint: Path,
+                 device: str = "auto") -> None:
         self.torch = torch_or_error()
         self.recipe, self.kind, self.target, self.config = recipe, kind, target, config
+        self.device = training_device(device)
+        recipe.place(self.device)  # before the optimizer, which keeps its moments beside the weights
         self.model = recipe.model
         self.checkpoint = checkpoint
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -222,7 +286,7 @@ class HeadTrainer:
         self.best: tuple[float, int, dict] | None = None  # (score, step, weights) of the best evaluation
         self.precision = ""  # what the steps run in: a resumed run's own, else ``training_precision``
         self._resume()
-        self.precision = self.precision or training_precision(config.precision)
+        self.precision = self.precision or training_precision(config.precision, self.device)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _resume(self) -> None:
@@ -252,15 +316,16 @@ class HeadTrainer:
     def save_checkpoint(self) -> None:
         from safetensors.torch import save_file
 
-        tensors = {f"model.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()}
+        tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
         if self.best is not None:
-            tensors.update({f"best.{k}": v.contiguous() for k, v in self.best[2].items()})
+            tensors.update({f"best.{k}": v for k, v in self.best[2].items()})
         for i, p in enumerate(self.opt.param_groups[0]["params"]):
             st = self.opt.state.get(p)
             if st:
                 tensors[f"opt.{i}.step"] = st["step"].reshape(()) if hasattr(st["step"], "reshape") else self.torch.tensor(float(st["step"]))
-                tensors[f"opt.{i}.exp_avg"] = st["exp_avg"].contiguous()
-                tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"].contiguous()
+                tensors[f"opt.{i}.exp_avg"] = st["exp_avg"]
+                tensors[f"opt.{i}.exp_avg_sq"] = st["exp_avg_sq"]
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}  # resumable on any device
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.checkpoint.with_name(self.checkpoint.name + ".tmp")
         save_file(tensors, str(tmp))
@@ -287,7 +352,7 @@ class HeadTrainer:
         """The forward's products in bfloat16 where ``precision`` says so (backward follows them)."""
         if self.precision != "bfloat16":
             return contextlib.nullcontext()
-        return self.torch.autocast("cpu", dtype=self.torch.bfloat16)
+        return self.torch.autocast(self.device, dtype=self.torch.bfloat16)
 
     def agreement(self) -> list[float]:
         self.model.eval()
@@ -378,15 +443,17 @@ class HeadTrainer:
     def export(self, training: dict) -> HeadFile:
         """The best evaluated head (the last state if none was evaluated) as a head file."""
         state = self.best[2] if self.best is not None else self.model.state_dict()
-        config, tensors = self.recipe.export(state)
+        config, tensors = self.recipe.export({k: v.detach().cpu() for k, v in state.items()})
         training = dict(training, best_step=self.best[1] if self.best else self.step, precision=self.precision)
         trained = {name for name, _ in self.model.named_parameters()}
         frozen = ("lm.weight",) if "lm" in state and "lm" not in trained else ()  # the target's own rows
         return HeadFile(self.kind, config, self.target, tensors, training, from_target=frozen)
 
 
-class MedusaRecipe:
+class MedusaRecipe(OnDevice):
     """Medusa-1: K residual heads on one state; examples are answer positions."""
+
+    kept = ("weights",)
 
     def __init__(self, examples: Examples, vocab: np.ndarray, lm_init: np.ndarray, config: MedusaTrainConfig) -> None:
         torch = self.torch = torch_or_error()
@@ -402,8 +469,8 @@ class MedusaRecipe:
     def loss(self, items: np.ndarray, step: int):
         torch = self.torch
         rows = self.train_rows[items]
-        x = torch.from_numpy(self.examples.states[rows].astype(np.float32))
-        y = torch.from_numpy(self.examples.targets[rows])
+        x = self.tensor(self.examples.states[rows].astype(np.float32))
+        y = self.tensor(self.examples.targets[rows])
         logits = self.model(x)  # [N, K, V']
         per_head = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1),
                                                      ignore_index=-1, reduction="none").reshape(y.shape)
@@ -414,8 +481,8 @@ class MedusaRecipe:
     def agreement(self) -> list[float]:
         """Held-out top-1 agreement of each head with what the model wrote."""
         rows = self.test_rows if len(self.test_rows) else self.train_rows[:2048]
-        logits = self.model(self.torch.from_numpy(self.examples.states[rows].astype(np.float32)))
-        guess = logits.argmax(-1).numpy()
+        logits = self.model(self.tensor(self.examples.states[rows].astype(np.float32)))
+        guess = logits.argmax(-1).cpu().numpy()
         y = self.examples.targets[rows]
         return [float((guess[y[:, k] >= 0, k] == y[y[:, k] >= 0, k]).mean()) if (y[:, k] >= 0).any() else 0.0
                 for k in range(y.shape[1])]
@@ -430,5 +497,5 @@ class MedusaRecipe:
 
 class MedusaTrainer(HeadTrainer):
     def __init__(self, examples: Examples, vocab: np.ndarray, lm_init: np.ndarray, target: ModelFingerprint,
-                 config: MedusaTrainConfig, checkpoint: Path) -> None:
-        super().__init__(MedusaRecipe(examples, vocab, lm_init, config), KIND, target, config, checkpoint)
+                 config: MedusaTrainConfig, checkpoint: Path, device: str = "auto") -> None:
+        super().__init__(MedusaRecipe(examples, vocab, lm_init, config), KIND, target, config, checkpoint, device)
