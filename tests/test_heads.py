@@ -472,6 +472,50 @@ def test_training_stopped_halfway_resumes_to_the_same_head(tmp_path):
         assert np.array_equal(a.tensors[name], b.tensors[name]), name
 
 
+def test_training_that_runs_out_of_memory_says_so_and_goes_on_from_its_last_checkpoint(tmp_path, monkeypatch):
+    """A step whose allocation is refused (here: the allocator asked for 4 PiB at step 13, which
+    every machine refuses, as a GPU refuses a batch too big for it) ends the run with an error
+    that says where, what to do and what is kept, not a traceback; no checkpoint is written from
+    the broken step, and the same command goes on to the head an unbroken run makes."""
+    torch = pytest.importorskip("torch", reason="training needs torch (installed by the test extra)")
+    from backends.core.errors import SpecDeckError
+    from backends.heads.training import MedusaTrainConfig, MedusaTrainer, draft_vocabulary, medusa_examples
+
+    oracle = OracleTarget(VOCAB, seed=3, hidden_size=WIDE)
+    rng = np.random.default_rng(1)
+    samples = record_oracle(oracle, [rng.integers(0, VOCAB, size=10).tolist() for _ in range(30)], 30)
+    config = MedusaTrainConfig(n_heads=2, draft_vocab=VOCAB, lr=1e-2, batch=64, max_epochs=100, eval_every=10,
+                               precision="float32")
+    vocab = draft_vocabulary([s for _, s in samples], VOCAB, [], VOCAB)
+    examples = medusa_examples(samples, vocab, config.n_heads, VOCAB)
+    lm = rng.normal(size=(VOCAB, WIDE)).astype(np.float32)
+
+    def trainer(name: str) -> MedusaTrainer:
+        return MedusaTrainer(examples, vocab, lm, FAKE_MODEL, config, tmp_path / name, device="cpu")
+
+    straight = trainer("a.safetensors")
+    straight.run(30)
+    monkeypatch.setattr("backends.heads.training.CHECKPOINT_S", 0.0)  # a checkpoint after every whole step
+    broken = trainer("b.safetensors")
+    loss = broken.recipe.loss
+
+    def too_big_at_13(items, step):
+        if step == 12:
+            torch.empty(2**50)  # 4 PiB: refused by the allocator
+        return loss(items, step)
+
+    broken.recipe.loss = too_big_at_13
+    with pytest.raises(SpecDeckError, match=r"out of memory on the CPU at step 13 of 30: close other programs "
+                                            r"and try again; the same command goes on from step 12"):
+        broken.run(30)
+    resumed = trainer("b.safetensors")
+    assert resumed.step == 12
+    resumed.run(30)
+    a, b = straight.export({}), resumed.export({})
+    for name in a.tensors:
+        assert np.array_equal(a.tensors[name], b.tensors[name]), name
+
+
 def test_training_runs_in_the_precision_asked_and_a_resumed_run_keeps_its_own(tmp_path, monkeypatch):
     """bfloat16 autocast changes the step's products (the loss moves, a little), the weights stay
     float32; a run stopped halfway goes on in the precision it began in even where ``auto`` would

@@ -286,6 +286,7 @@ class HeadTrainer:
         self.best: tuple[float, int, dict] | None = None  # (score, step, weights) of the best evaluation
         self.precision = ""  # what the steps run in: a resumed run's own, else ``training_precision``
         self._resume()
+        self.saved = self.step  # the step the checkpoint on disk holds (what a rerun goes on from)
         self.precision = self.precision or training_precision(config.precision, self.device)
 
     # -- checkpoints ---------------------------------------------------------------------------
@@ -334,6 +335,24 @@ class HeadTrainer:
             {"config": self.config.__dict__, "examples": self.recipe.identity, "step": self.step,
              "steps": self.steps, "precision": self.precision, "best_score": self.best[0] if self.best else None,
              "best_step": self.best[1] if self.best else None}) + "\n")
+        self.saved = self.step
+
+    @contextlib.contextmanager
+    def _memory_guard(self):
+        """An allocation refused inside (torch's ``OutOfMemoryError`` on a GPU, a refused
+        ``malloc`` on the CPU) becomes an error that says where, what to do and what is kept. No
+        checkpoint is written then: a step cut short may have moved some weights and not others,
+        and the one on disk (at most ``CHECKPOINT_S`` old) is whole."""
+        try:
+            yield
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            if not isinstance(exc, (MemoryError, self.torch.OutOfMemoryError)) and "can't allocate memory" not in str(exc):
+                raise
+            advice = ("free the GPU's memory (other programs on it, a model loaded in SpecDeck's window) or train "
+                      "with --device cpu" if self.device != "cpu" else "close other programs and try again")
+            kept = f"the same command goes on from step {self.saved}" if self.saved else "no step is kept yet"
+            raise SpecDeckError(f"training ran out of memory on {device_name(self.device)} at step {self.step + 1} "
+                                f"of {self.steps or '?'}: {advice}; {kept}") from exc
 
     # -- training ------------------------------------------------------------------------------
     def _batch(self, step: int) -> np.ndarray:
@@ -389,10 +408,11 @@ class HeadTrainer:
         rows = np.arange(min(self.config.batch, self.recipe.n_train))
         params = [p for p in self.model.parameters() if p.requires_grad]
         start = time.perf_counter()
-        for _ in range(3):
-            loss = self._loss(rows)
-            grads = torch.autograd.grad(loss, params)
-            del grads
+        with self._memory_guard():
+            for _ in range(3):
+                loss = self._loss(rows)
+                grads = torch.autograd.grad(loss, params)
+                del grads
         return (time.perf_counter() - start) / 3
 
     def run(self, steps: int, report: Callable[[Progress], None] | None = None,
@@ -407,16 +427,8 @@ class HeadTrainer:
         while self.step < self.steps:
             if stop is not None and stop():
                 break
-            loss = self._loss(self._batch(self.step))
-            self.opt.zero_grad()
-            loss.backward()
-            clip = getattr(self.config, "clip", 0.0)
-            if clip:
-                self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-            self.opt.step()  # Ctrl+C or a kill: the last checkpoint (at most CHECKPOINT_S old) is consistent
-            self.step += 1
-            agreement = self._evaluate() if self.step % self.config.eval_every == 0 or self.step == self.steps else []
-            value = loss.item()
+            with self._memory_guard():
+                value, agreement = self._step()
             loss_avg = value if math.isnan(loss_avg) else 0.95 * loss_avg + 0.05 * value
             now = time.perf_counter()
             if now - last_save > CHECKPOINT_S:
@@ -429,6 +441,19 @@ class HeadTrainer:
                 last_report = now
         self.save_checkpoint()
         return Progress(self.step, self.steps, loss_avg, self.best_agreement(), time.perf_counter() - start, 0.0)
+
+    def _step(self) -> tuple[float, list[float]]:
+        """One optimizer step, then the held-out evaluation where one is due: (its loss, agreement or [])."""
+        loss = self._loss(self._batch(self.step))
+        self.opt.zero_grad()
+        loss.backward()
+        clip = getattr(self.config, "clip", 0.0)
+        if clip:
+            self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        self.opt.step()  # Ctrl+C or a kill: the last checkpoint (at most CHECKPOINT_S old) is consistent
+        self.step += 1
+        due = self.step % self.config.eval_every == 0 or self.step == self.steps
+        return loss.item(), self._evaluate() if due else []
 
     def best_agreement(self) -> list[float]:
         """Held-out agreement of the head that ``export`` writes."""
