@@ -546,6 +546,9 @@ def test_training_runs_in_the_precision_asked_and_a_resumed_run_keeps_its_own(tm
     exact, rounded = f32._loss(items).item(), bf16._loss(items).item()
     assert exact != rounded and abs(exact - rounded) < 0.05 * abs(exact)
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+    weights = {k: v.clone() for k, v in f32.model.state_dict().items()}
+    assert f32.measure_step() > 0 and f32.step == 0  # timing a step trains nothing
+    assert all(torch.equal(v, f32.model.state_dict()[k]) for k, v in weights.items())
     monkeypatch.setattr("backends.heads.training._faster_precision", lambda device: "bfloat16")  # a machine where it pays
     first = trainer("c.safetensors", "auto")
     calls = iter(range(1000))
