@@ -246,7 +246,6 @@ class EagleRecipe(OnDevice):
 
     def _inputs(self, rows: np.ndarray):
         """(token embeddings, first-level features, the next final states, positions) of sequences."""
-        torch = self.torch
         d = self.data
         states = self.tensor(d.states[rows].astype(np.float32))  # [B, L + 1, dim]
         emb = self.table[self.tensor(d.tokens[rows])]  # [B, L, dim]
