@@ -350,7 +350,8 @@ class HeadTrainer:
         try:
             yield
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            if not isinstance(exc, (MemoryError, self.torch.OutOfMemoryError)) and "can't allocate memory" not in str(exc):
+            refused = isinstance(exc, (MemoryError, self.torch.OutOfMemoryError))
+            if not refused and "DefaultCPUAllocator" not in str(exc):  # the CPU's (worded apart per OS)
                 raise
             advice = ("free the GPU's memory (other programs on it, a model loaded in SpecDeck's window) or train "
                       "with --device cpu" if self.device != "cpu" else "close other programs and try again")
