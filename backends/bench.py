@@ -50,7 +50,8 @@ from backends.hardware.observed import ObservedStore
 from backends.hardware.telemetry import Sampler, energy_joules
 from backends.models.chat import Message
 
-SPEC_BENCH = Path("shared") / "benchmarks" / "spec_bench" / "question.jsonl"
+# Spec-Bench's questions ship with SpecDeck (assets/spec_bench): the installed app benches, samples and trains on them.
+SPEC_BENCH = Path(__file__).resolve().parents[1] / "assets" / "spec_bench" / "question.jsonl"
 MT_BENCH_SUBCATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
 PEERS = {"peer-llamacpp": False, "peer-llamacpp-pld": True}  # llama-cpp-python's own runs: with its prompt lookup?
 # Hugging Face transformers' own generate() on the same weights: plain, with its prompt lookup
@@ -76,12 +77,11 @@ class BenchPrompt:
 
 
 def default_prompts() -> Path:
-    """Spec-Bench's question file, looked for in ../shared next to the checkout or the cwd."""
-    candidates = [Path(__file__).resolve().parents[2] / SPEC_BENCH, Path.cwd().parent / SPEC_BENCH, Path.cwd() / SPEC_BENCH]
-    for path in candidates:
-        if path.exists():
-            return path
-    raise SpecDeckError(f"Spec-Bench prompts not found (looked for ../{SPEC_BENCH}); pass --prompts FILE")
+    """Spec-Bench's question file, the copy shipped in assets/ (in the frozen app too)."""
+    if not SPEC_BENCH.exists():
+        raise SpecDeckError(f"Spec-Bench prompts not found at {SPEC_BENCH} (is the installation whole?); "
+                            "pass --prompts FILE")
+    return SPEC_BENCH
 
 
 def load_prompts(path: Path, *, per_category: int, categories: Sequence[str] | None = None,
@@ -121,7 +121,7 @@ class BenchConfig:
     model: str
     methods: tuple[str, ...]
     draft_model: str | None = None
-    prompts: Path | None = None  # None: Spec-Bench from ../shared
+    prompts: Path | None = None  # None: the shipped Spec-Bench questions
     per_category: int = 10
     categories: tuple[str, ...] | None = None
     max_new_tokens: int = 128

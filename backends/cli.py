@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "hf-assisted are transformers' own generate (plain, prompt lookup, --draft-model assisting)")
     bench.add_argument("--backend", default="llamacpp", choices=("llamacpp", "torch"),
                        help="what runs the methods named without a backend, ar among them (torch for a Hugging Face folder)")
-    bench.add_argument("--prompts", type=Path, default=None, help="Spec-Bench JSONL (default ../shared/benchmarks/...)")
+    bench.add_argument("--prompts", type=Path, default=None, help="Spec-Bench JSONL (default: the questions shipped in assets/spec_bench)")
     bench.add_argument("--per-category", type=int, default=10)
     bench.add_argument("--categories", default=None, help="comma-separated (mt_bench, translation, ...)")
     bench.add_argument("--max-new-tokens", type=int, default=128)

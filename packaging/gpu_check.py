@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-category", type=int, default=2, help="Spec-Bench prompts per category (6 categories)")
     p.add_argument("--categories", default=None, help="comma-separated Spec-Bench categories (default: all six)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--prompts", type=Path, default=None, help="Spec-Bench question.jsonl (default: ../shared)")
+    p.add_argument("--prompts", type=Path, default=None, help="Spec-Bench question.jsonl (default: the shipped assets/spec_bench)")
     p.add_argument("--mtp-model", type=Path, default=None, help="a GGUF with next-n (MTP) layers: ar vs mtp")
     p.add_argument("--out", type=Path, default=Path("gpu-check.md"))
     args = p.parse_args(argv)

@@ -32,7 +32,7 @@ pack() {
         --exclude='vendor/llama.cpp/docs' --exclude='vendor/llama.cpp/media' --exclude='vendor/llama.cpp/benches' \
         --exclude='vendor/llama.cpp/models/*' --exclude='*.git*' "$(basename "$src")"
     cp "$src/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" "$PACK/vocab.gguf"
-    cp ../shared/benchmarks/spec_bench/question.jsonl "$PACK/question.jsonl"
+    cp assets/spec_bench/question.jsonl "$PACK/question.jsonl"
     "$py" -m pip download -q --no-deps --only-binary=:all: -d "$PACK" "platformdirs>=4,<5" "threadpoolctl>=3.1,<4"
     du -sh "$PACK"
 }

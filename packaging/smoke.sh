@@ -40,6 +40,10 @@ clean_run env SPECDECK_ADDON_PIP_ARGS="${SPECDECK_ADDON_PIP_ARGS:-}" "$app" -m b
 printf 'Name one colour.\n' | clean_run "$app" -m backends.cli chat --backend torch --max-new-tokens 8 >"$scratch/torch-chat.log" 2>&1 \
     || { tail -20 "$scratch/torch-chat.log" >&2; exit 1; }
 grep -q "tok/s" "$scratch/torch-chat.log" || { cat "$scratch/torch-chat.log" >&2; exit 1; }
+say "the bench on the shipped Spec-Bench questions (what the comparison panel and training read)"
+clean_run "$app" -m backends.cli bench --methods ar,pld --categories qa --per-category 1 --max-new-tokens 8 \
+    >"$scratch/bench.log" 2>&1 || { tail -20 "$scratch/bench.log" >&2; exit 1; }
+grep -q "| pld |" "$scratch/bench.log" || { cat "$scratch/bench.log" >&2; exit 1; }
 say "a CPU without AVX-512: the x64 (baseline) variant forced"
 clean_run env SPECDECK_CPU_VARIANT=x64 "$scratch/root/opt/specdeck/specdeck" --self-test --timeout 180
 say "passed"

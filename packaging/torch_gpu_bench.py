@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("torch-gpu.md"))
     p.add_argument("--per-category", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--prompts", type=Path, default=None, help="Spec-Bench question.jsonl (default ../shared/...)")
+    p.add_argument("--prompts", type=Path, default=None, help="Spec-Bench question.jsonl (default: the shipped assets/spec_bench)")
     p.add_argument("--methods", default=None, help="comma-separated, instead of the list chosen for the model")
     args = p.parse_args(argv)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backends.bench import NOISY_OTHER_CPU, BenchConfig, load_prompts, run_bench, spec_bench_category
+from backends.bench import NOISY_OTHER_CPU, BenchConfig, default_prompts, load_prompts, run_bench, spec_bench_category
 from backends.core.timing import SHORT_CONTEXT
 from backends.core.types import GenerationSettings
 from backends.factory import Session, SessionConfig
@@ -83,6 +84,21 @@ def test_prompt_selection_groups_mt_bench():
     assert [p.category for p in prompts] == ["mt_bench", "summarization", "rag", "translation"]
     assert len(prompts[0].turns) == 2
     assert len(load_prompts(SAMPLE, per_category=5, categories=["summarization"])) == 2
+
+
+def test_the_spec_bench_questions_ship_with_specdeck_and_need_nothing_beside_the_checkout(tmp_path):
+    """The installed app benches, samples and trains on Spec-Bench: its questions are in assets/, whole."""
+    path = default_prompts()
+    assert path.is_relative_to(Path(__file__).resolve().parents[1] / "assets")
+    prompts = load_prompts(path, per_category=100)
+    counts = {c: sum(p.category == c for p in prompts) for c in {p.category for p in prompts}}
+    assert counts == dict.fromkeys(("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"), 80)
+    # from a folder with no ../shared beside it, the CLI finds them without --prompts
+    result = subprocess.run([sys.executable, "-m", "backends.cli", "bench", "--methods", "ar", "--categories", "qa",
+                             "--per-category", "1", "--max-new-tokens", "4"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode == 0, result.stderr
+    assert "| ar | qa |" in result.stdout
 
 
 def test_bench_runs_methods_and_peers_side_by_side(tmp_path, smollm_f16_path):
