@@ -54,6 +54,7 @@ EVALUATED_PER_CATEGORY = 20  # never train on what `specdeck bench --per-categor
 MAX_SEQUENCES = 16  # conversations answered at once at most while recording
 SEQUENCE_CONTEXT = 4096  # tokens each of them may hold (a turn that would need more ends its conversation)
 RECORD_KV_SHARE = 0.125  # of the memory available, what their KV caches may take
+PROGRESS_EVERY = 2.0  # seconds between recording progress reports while no conversation ends
 FOLLOW_UP_TURNS = 3  # follow-up turns per conversation by default (see ``with_follow_ups``)
 FOLLOW_UPS = (  # what a user asks next, whatever the first question was (``with_follow_ups``)
     "Can you explain that in more detail?",
@@ -432,10 +433,19 @@ def record(session, turns: dict[int, list[str]], store: SampleStore, *, max_new_
                 return
             yield Conversation(key, turns[key], session.model, room=room, max_new_tokens=max_new_tokens)
 
+    shown = [-1, 0.0]  # conversations done and the time at the last report
+
     def progress(done: int, tokens: int) -> None:
+        """Reported when a conversation is done, and every ``PROGRESS_EVERY`` seconds between:
+        a batch of long answers can take a minute to finish its first conversation."""
+        now = time.perf_counter()
+        if done == shown[0] and now - shown[1] < PROGRESS_EVERY:
+            return
+        shown[:] = done, now
         report({"phase": "record", "done": already + done, "total": total,
-                "tokens_per_s": tokens / max(time.perf_counter() - start, 1e-9),
-                "eta_s": max(0.0, deadline - time.time())})
+                "tokens_per_s": tokens / max(now - start, 1e-9), "eta_s": max(0.0, deadline - time.time())})
+
+    progress(0, 0)  # the model is loaded and answering: say so before the first answer is done
 
     if together:
         with session.target.sequences(recording_sequences(session, room), room, layers) as seqs:
@@ -490,6 +500,7 @@ def record_one_by_one(target, conversations: Iterator[Conversation], store: Samp
             store.put(conv.sample_number, recorder.sample(prompt, answer))
             tokens += len(answer)
             conv.answered(finished.text if finished else "")
+            progress(done - 1, tokens)
         progress(done, tokens)
 
 
@@ -561,20 +572,20 @@ def record_together(seqs, conversations: Iterator[Conversation], store: SampleSt
                 continue  # a prompt chunk: more of the prompt to come
             token = int(np.argmax(step.logits))
             slot.tokens.append(token)
+            tokens += 1
             answer = slot.tokens[slot.n_prompt :]
             if token not in eog and len(answer) < max_new_tokens:
                 continue
             states = np.concatenate(slot.states)  # [fed, d] = [T - 1, d]
             store.put(slot.conv.sample_number, Sample(np.array(slot.tokens, dtype=np.int32), states, slot.n_prompt))
-            tokens += len(answer)
             text = TextStream(piece)
             text.push(answer)
             text.flush()
             slot.conv.answered(text.text)
             if not take(s, slot.conv, slot.tokens[: slot.fed], slot.states):
                 done += 1
-                progress(done, tokens)
                 refill(s)
+        progress(done, tokens)  # the caller's report keeps to conversations done and a few a minute
 
 
 def _medusa(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, folder: Path,

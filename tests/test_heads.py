@@ -292,6 +292,12 @@ def test_recording_several_conversations_at_once_gives_the_engines_samples(smoll
                 diverged.add(n // TURNS)
         assert len(diverged) <= 1
     assert events[-1]["phase"] == "record" and events[-1]["done"] == 4 and events[-1]["tokens_per_s"] > 0
+    # each pass says it is answering as soon as it starts, not after its first conversation ends
+    starts = [i for i, e in enumerate(events) if e["done"] == 0 and (i == 0 or events[i - 1]["done"] > 0)]
+    assert len(starts) == 2 and starts[0] == 0
+    for run in (events[: starts[1]], events[starts[1]:]):
+        done = [e["done"] for e in run]
+        assert done == sorted(done) and {0, 4} <= set(done) and run[0]["tokens_per_s"] == 0
 
 
 def test_train_cli_records_trains_resumes_and_writes_a_head(smollm_q4_path, tmp_path, monkeypatch, capsys):
