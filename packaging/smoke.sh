@@ -40,6 +40,12 @@ clean_run env SPECDECK_ADDON_PIP_ARGS="${SPECDECK_ADDON_PIP_ARGS:-}" "$app" -m b
 printf 'Name one colour.\n' | clean_run "$app" -m backends.cli chat --backend torch --max-new-tokens 8 >"$scratch/torch-chat.log" 2>&1 \
     || { tail -20 "$scratch/torch-chat.log" >&2; exit 1; }
 grep -q "tok/s" "$scratch/torch-chat.log" || { cat "$scratch/torch-chat.log" >&2; exit 1; }
+say "a head trained by the installed app (torch add-on) on the shipped Spec-Bench questions, then a chat with it"
+clean_run "$app" -m backends.cli train medusa --prompts 2 --max-new-tokens 16 --steps 3 --out "$scratch/home/h.medusa" \
+    >"$scratch/train.log" 2>&1 || { tail -20 "$scratch/train.log" >&2; exit 1; }
+printf 'Name one colour.\n' | clean_run "$app" -m backends.cli chat --method medusa --head "$scratch/home/h.medusa.json" \
+    --max-new-tokens 8 >"$scratch/medusa-chat.log" 2>&1 || { tail -20 "$scratch/medusa-chat.log" >&2; exit 1; }
+grep -q "medusa" "$scratch/medusa-chat.log" || { cat "$scratch/medusa-chat.log" >&2; exit 1; }
 say "the bench on the shipped Spec-Bench questions (what the comparison panel and training read)"
 clean_run "$app" -m backends.cli bench --methods ar,pld --categories qa --per-category 1 --max-new-tokens 8 \
     >"$scratch/bench.log" 2>&1 || { tail -20 "$scratch/bench.log" >&2; exit 1; }
