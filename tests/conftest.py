@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # keep numpy's BLAS threads off llama.cpp's cores
 # What SpecDeck learns while tests run (observed speeds) must not land in the user's data directory.
@@ -48,6 +50,37 @@ def gemma_path():
 @pytest.fixture(scope="session")
 def gemma_f16_path():
     return resolve_model("gemma3-270m-f16")
+
+
+@pytest.fixture(scope="session")
+def smollm_hf_built(smollm_f16_path, tmp_path_factory) -> Path:
+    """SmolLM2 F16 as a Hub download has it (config.json, two safetensors shards, the tokenizer's
+    files), written once per run: transformers takes some 20 s to read the GGUF, and four tests need it."""
+    AutoTokenizer = pytest.importorskip("transformers").AutoTokenizer
+
+    from tests.test_torch_backend import reference, write_hf_folder
+
+    folder = write_hf_folder(reference(smollm_f16_path.parent, smollm_f16_path.name),
+                             tmp_path_factory.mktemp("hugging-face") / "smollm2")
+    AutoTokenizer.from_pretrained(str(smollm_f16_path.parent), gguf_file=smollm_f16_path.name).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture
+def smollm_hf_folder(smollm_hf_built):
+    """Puts a copy of that folder where a test wants it (``place(dest)``): hard links where the file
+    system allows, since the tests read the files and never write into them."""
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    def place(dest: Path) -> Path:
+        shutil.copytree(smollm_hf_built, dest, copy_function=link_or_copy)
+        return dest
+
+    return place
 
 
 @pytest.fixture(scope="session")

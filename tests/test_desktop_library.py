@@ -50,23 +50,16 @@ def test_a_derived_row_fills_in_once_made_and_names_tell_quantizations_apart(qtb
         QGuiApplication.setApplicationDisplayName(old_name)
 
 
-def test_a_hugging_face_folder_is_listed_runs_on_pytorch_and_answers(qtbot, tmp_path, monkeypatch, smollm_f16_path):
+def test_a_hugging_face_folder_is_listed_runs_on_pytorch_and_answers(qtbot, tmp_path, monkeypatch, smollm_hf_folder):
     """A safetensors folder in an added library folder: picking it switches "Run with" to PyTorch,
     it loads there (the status bar says so) and answers; a GGUF picked afterwards can still run on
     llama.cpp, and the choice is kept for the next start."""
-    import pytest
-
-    pytest.importorskip("transformers")
-    from transformers import AutoTokenizer
-
     from tests.desktop_kit import ask
-    from tests.test_torch_backend import reference, write_hf_folder
 
     monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
     models = tmp_path / "models"
     models.mkdir()
-    folder = write_hf_folder(reference(smollm_f16_path.parent, smollm_f16_path.name), models / "smollm2-hf")
-    AutoTokenizer.from_pretrained(str(smollm_f16_path.parent), gguf_file=smollm_f16_path.name).save_pretrained(str(folder))
+    folder = smollm_hf_folder(models / "smollm2-hf")
     window = open_window(qtbot, tmp_path, autoload=None)
     try:
         library = window.library

@@ -9,6 +9,7 @@ drafter against ``ar`` on the real model, divergences allowed only at measured n
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -40,7 +41,9 @@ MORE_PROMPTS = [
 TWENTY = PROMPTS + MORE_PROMPTS
 
 
+@functools.cache
 def reference(folder, name):
+    """transformers' own model read from the GGUF (once per run: it takes 20-40 s; tests only read it)."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=name, dtype=torch.float32).eval()
@@ -141,15 +144,12 @@ def test_logits_and_greedy_text_equal_transformers(fixture, request):
         assert ours == theirs, f"greedy text differs from transformers' for {text!r}"
 
 
-def test_a_hugging_face_folder_loads_and_bad_folders_are_refused(smollm_f16_path, tmp_path):
+def test_a_hugging_face_folder_loads_and_bad_folders_are_refused(smollm_f16_path, smollm_hf_folder, tmp_path):
     """A folder as the Hub has it (config.json, safetensors shards, tokenizer.json, the chat template)
     gives the GGUF's weights, the same chat prompts and token bytes, and the same answer through a
     session; llama.cpp refuses it naming the backend that runs it. A folder with pickled weights
     only, one that needs remote code and an unknown family are refused."""
-    from transformers import AutoTokenizer
-
-    folder = write_hf_folder(reference(smollm_f16_path.parent, smollm_f16_path.name), tmp_path / "smollm2")
-    AutoTokenizer.from_pretrained(str(smollm_f16_path.parent), gguf_file=smollm_f16_path.name).save_pretrained(str(folder))
+    folder = smollm_hf_folder(tmp_path / "smollm2")
     shape_f, from_folder = load_weights(folder)
     shape_g, from_gguf = load_weights(smollm_f16_path)
     assert (shape_f.n_layer, shape_f.d, shape_f.n_head, shape_f.n_kv) == (shape_g.n_layer, shape_g.d, shape_g.n_head, shape_g.n_kv)
@@ -182,21 +182,18 @@ def test_a_hugging_face_folder_loads_and_bad_folders_are_refused(smollm_f16_path
             load_weights(bad)
 
 
-def test_heads_for_a_hugging_face_folder_are_found_trained_and_decode_like_plain_greedy(smollm_f16_path, tmp_path,
-                                                                                         monkeypatch):
+def test_heads_for_a_hugging_face_folder_are_found_trained_and_decode_like_plain_greedy(smollm_f16_path, smollm_hf_folder,
+                                                                                         tmp_path, monkeypatch):
     """A folder's fingerprint is the GGUF's (same family, sizes and token texts), so the heads shipped
     for SmolLM2 serve a SmolLM2 folder; ``specdeck train`` records a folder's answers on the PyTorch
     backend and reads its embeddings and output rows from the safetensors shards; both heads decode
     as plain greedy does (or part at a measured near-tie)."""
-    from transformers import AutoTokenizer
-
     from backends.heads.files import HeadFile, ModelFingerprint
     from backends.models.weights import TokenEmbeddings, tensor_rows
     from backends.train import TrainRequest, train
 
     monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path / "data"))
-    folder = write_hf_folder(reference(smollm_f16_path.parent, smollm_f16_path.name), tmp_path / "smollm2")
-    AutoTokenizer.from_pretrained(str(smollm_f16_path.parent), gguf_file=smollm_f16_path.name).save_pretrained(str(folder))
+    folder = smollm_hf_folder(tmp_path / "smollm2")
     mine, gguf = ModelFingerprint.of(folder), ModelFingerprint.of(smollm_f16_path)
     assert not mine.differences(gguf) and mine.file_type != gguf.file_type and mine.name == "smollm2"
     rows = np.array([0, 17, 4000, 49151])
