@@ -585,7 +585,7 @@ def record_together(seqs, conversations: Iterator[Conversation], store: SampleSt
             if not take(s, slot.conv, slot.tokens[: slot.fed], slot.states):
                 done += 1
                 refill(s)
-        progress(done, tokens)  # the caller's report keeps to conversations done and a few a minute
+        progress(done, tokens)  # reported when a conversation ends and every PROGRESS_EVERY seconds
 
 
 def _medusa(samples, model_path: Path, fingerprint: ModelFingerprint, eog: list[int], n_vocab: int, folder: Path,
