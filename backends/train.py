@@ -445,7 +445,8 @@ def record(session, turns: dict[int, list[str]], store: SampleStore, *, max_new_
         report({"phase": "record", "done": already + done, "total": total,
                 "tokens_per_s": tokens / max(now - start, 1e-9), "eta_s": max(0.0, deadline - time.time())})
 
-    progress(0, 0)  # the model is loaded and answering: say so before the first answer is done
+    if keys:  # the model is loaded and answering: say so before the first answer is done
+        progress(0, 0)
 
     if together:
         with session.target.sequences(recording_sequences(session, room), room, layers) as seqs:
