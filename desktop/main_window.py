@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from backends.addons import has_nvidia
 from backends.core.errors import BackendError
 from backends.core.types import Finished, Step
 from backends.drafters import REGISTRY
@@ -429,7 +430,8 @@ class MainWindow(QMainWindow):
         if dialog is None or not dialog.running():
             if dialog is not None:
                 dialog.deleteLater()
-            dialog = self.train_dialog = TrainDialog(self.model.path, kind or "medusa", self)
+            nvidia = self.hardware is not None and has_nvidia(self.hardware.gpus)
+            dialog = self.train_dialog = TrainDialog(self.model.path, kind or "medusa", self, nvidia_gpu=nvidia)
             dialog.trained.connect(lambda _path: self.heads_changed.emit())
         dialog.show()
         dialog.raise_()

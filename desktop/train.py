@@ -5,7 +5,9 @@ thread of the window: it loads its own copy of the model, keeps both cores busy 
 and uses torch, so a crash or an out-of-memory kill there costs the window nothing, and Cancel is
 a plain terminate. The child's JSON progress lines arrive through Qt's event loop; the GUI thread
 never waits on them. What a cancelled run recorded and trained is kept (answers as files,
-training as checkpoints), so Start picks up where it stopped.
+training as checkpoints), so Start picks up where it stopped. Training needs torch, which the
+installers leave out: Start without it offers the torch add-on first (``desktop.addons``), and
+training starts once it is installed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from desktop.addons import AddonDialog
+from desktop.library import torch_installed
+
 REPO = Path(__file__).resolve().parents[1]
 HEAD_COLOURS = [(60, 140, 230), (230, 140, 60), (80, 180, 90), (200, 80, 160), (140, 140, 140)]
 
@@ -45,12 +50,14 @@ class TrainDialog(QDialog):
     trained = Signal(str)  # the head's .json path
 
     def __init__(self, model: str, kind: str = "medusa", parent: QWidget | None = None,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), *, nvidia_gpu: bool = False) -> None:
         super().__init__(parent)
         self.setWindowTitle("SpecDeck - train a draft head")
         self.model = model
         self.extra_args = extra_args  # more `specdeck train` options (tests shorten runs with them)
+        self.nvidia_gpu = nvidia_gpu  # which torch the add-on installs: the CUDA build or the CPU one
         self.process: QProcess | None = None
+        self.addon: AddonDialog | None = None  # the torch add-on's install, while its dialog is open
         self.head: str | None = None
         self._buffer = b""
         self._errors: list[str] = []
@@ -130,6 +137,9 @@ class TrainDialog(QDialog):
     def start(self) -> None:
         if self.process is not None:
             return
+        if not torch_installed():
+            self._offer_torch()
+            return
         self.head, self._buffer, self._errors = None, b"", []
         self.loss_points = ([], [])
         self.loss_curve.setData([], [])
@@ -150,6 +160,27 @@ class TrainDialog(QDialog):
         self.cancel_button.setEnabled(True)
         self.status.setText("Starting ...")
         self.process.start(sys.executable, self.arguments())
+
+    def _offer_torch(self) -> None:
+        """Training without torch: the add-on dialog (what, how big, where; Install or Cancel);
+        a finished install starts the training asked for."""
+        self.status.setText("Training needs torch, which is not installed yet: install it (an add-on, downloaded "
+                            "once) and training starts.")
+        if self.addon is None:
+            self.addon = AddonDialog("torch", nvidia_gpu=self.nvidia_gpu, parent=self)
+            self.addon.installed.connect(self._torch_arrived)
+            self.addon.finished.connect(self._addon_closed)
+        self.addon.open()
+
+    def _torch_arrived(self, _name: str) -> None:
+        if self.addon is not None:
+            self.addon.accept()  # its work is done: the training's progress is what to watch now
+        self.start()
+
+    def _addon_closed(self, _result: int) -> None:
+        if self.addon is not None and not self.addon.running():
+            self.addon.deleteLater()
+            self.addon = None
 
     def cancel(self) -> None:
         if self.process is not None:

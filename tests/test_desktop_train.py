@@ -1,6 +1,7 @@
 """The train dialog in the real window: a model without a head offers to train one, the dialog runs
 the real ``specdeck train`` in a child process with live curves, and the method it unlocks can be
-chosen afterwards, without reloading the model. Cancel stops the child and the window lives on."""
+chosen afterwards, without reloading the model. Without torch, Start offers the torch add-on first.
+Cancel stops the child and the window lives on."""
 
 from __future__ import annotations
 
@@ -75,7 +76,14 @@ def test_cancelling_training_stops_the_child_and_says_what_is_kept(qtbot, home, 
         window.open_train_dialog("medusa")
         dialog = window.train_dialog
         dialog.minutes.setValue(30)
+        monkeypatch.setattr("desktop.train.torch_installed", lambda: False)  # the installed app before its add-on
         dialog.start()
+        assert not dialog.running() and dialog.addon is not None and dialog.addon.isVisible()
+        assert "needs torch" in dialog.status.text()
+        monkeypatch.setattr("desktop.train.torch_installed", lambda: True)
+        dialog.addon.installed.emit("torch")  # what a finished install signals: the training asked for starts
+        assert dialog.running() and not dialog.start_button.isEnabled()
+        qtbot.waitUntil(lambda: dialog.addon is None, timeout=5000)  # closed: the progress is in front
         qtbot.waitUntil(lambda: "answers prompts" in dialog.status.text(), timeout=LOAD_TIMEOUT)
         dialog.cancel()
         qtbot.waitUntil(lambda: not dialog.running(), timeout=30_000)
