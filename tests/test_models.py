@@ -43,6 +43,27 @@ def test_gguf_info_gemma_and_cache(gemma_path):
     assert again == info
 
 
+@pytest.mark.parametrize("fixture", ["smollm_q4_path", "smollm_f16_path", "gemma_path"])
+def test_weight_rows_read_at_the_header_offsets_are_the_gguf_librarys(fixture, request):
+    """Heads read the target's embedding and output rows at the offsets SpecDeck's header reader
+    records (Q8_0, Q6_K and F16 tables here): the same values as ``gguf.GGUFReader``'s tensors give,
+    for every tensor's offset, without parsing the file again (a head's start took 2-10 s)."""
+    import gguf
+    import numpy as np
+
+    from backends.models.weights import EMBEDDINGS, OUTPUT, TokenEmbeddings, tensor_rows
+
+    path = request.getfixturevalue(fixture)
+    theirs = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    ours = {t.name: t for t in read_gguf_info(path).tensors}
+    assert {n: int(t.data_offset) for n, t in theirs.items()} == {n: t.offset for n, t in ours.items()}
+    rows = np.array([0, 1, 17, 4000, ours[EMBEDDINGS[0]].shape[1] - 1])
+    for names, got in ((EMBEDDINGS, TokenEmbeddings(path)(rows)), (OUTPUT, tensor_rows(path, rows))):
+        tensor = next(theirs[n] for n in names if n in theirs)
+        expected = gguf.quants.dequantize(tensor.data[rows], tensor.tensor_type)
+        assert got.dtype == np.float32 and np.array_equal(got, expected), (fixture, tensor.name)
+
+
 def test_metadata_agrees_with_llama_cpp(smollm_q4_path):
     info = read_gguf_info(smollm_q4_path)
     with LlamaModel(smollm_q4_path) as model:

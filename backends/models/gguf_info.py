@@ -30,14 +30,14 @@ import math
 import mmap
 import os
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from backends.core.errors import ModelFileError
 from backends.models.paths import cache_dir, keep_recent, mark_used, write_atomic
 
 GGUF_MAGIC = b"GGUF"
-_CACHE_VERSION = 5  # 5: n_layer_nextn
+_CACHE_VERSION = 6  # 5: n_layer_nextn; 6: tensor data offsets
 _KEPT_INFOS = 64  # cached summaries (up to 1 MB each: the token texts), the most recently used
 
 
@@ -58,9 +58,10 @@ class VocabInfo:
 class TensorInfo:
     name: str
     ggml_type: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # ggml order: shape[0] is the length of a row
     n_elements: int
     n_bytes: int
+    offset: int = 0  # where its data starts in the file (bytes): rows can be read without another parser
 
 
 @dataclass(frozen=True)
@@ -320,6 +321,7 @@ class _Header:
         requires) and to lie inside the file. Checked record by record: a count that runs on into
         the weights stops at the first record that cannot be a tensor."""
         tensors: list[TensorInfo] = []
+        offsets: list[int] = []  # of each tensor's data, relative to the data section
         names: set[str] = set()
         expected = 0  # where the next tensor's data must start, relative to the data section
         for index in range(n):
@@ -331,13 +333,15 @@ class _Header:
                                    f"but the tensors before it end at {expected:,} (a corrupt shape, type or offset)")
             names.add(info.name)
             tensors.append(info)
+            offsets.append(offset)
             expected = _pad(offset + info.n_bytes, alignment)
+        data_start = _pad(self.pos, alignment)  # the data section starts aligned, after the table
         if tensors:  # a vocabulary-only file has no data section
-            data_end = _pad(self.pos, alignment) + offset + info.n_bytes  # the data section starts aligned
+            data_end = data_start + offset + info.n_bytes
             if data_end > self.size:
                 raise ModelFileError(f"{self.path} is truncated: its tensors need {data_end:,} bytes "
                                      f"but the file has {self.size:,}")
-        return tuple(tensors)
+        return tuple(replace(t, offset=data_start + o) for t, o in zip(tensors, offsets))
 
     def _tensor(self, index: int) -> tuple[TensorInfo, int]:
         """One record of the tensor table, and its data offset (relative to the data section)."""
