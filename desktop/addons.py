@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import html
 
+from typing import Callable
+
 from PySide6.QtCore import QProcess, Signal
 from PySide6.QtWidgets import QDialog, QHBoxLayout, QLabel, QPlainTextEdit, QProgressBar, QPushButton, QVBoxLayout, QWidget
 
@@ -102,3 +104,24 @@ class AddonDialog(QDialog):
             self.busy.hide()
             self.status.setText("pip could not be started.")
             self.install_button.setEnabled(True)
+
+
+class AddonOffer:
+    """For a widget that needs an add-on the user may lack (the Models dock, the train dialog): one
+    install dialog at a time in ``self.addon``, kept while it is open or installing, dropped once
+    closed. The widget sets ``self.addon = None`` in its ``__init__``."""
+
+    addon: AddonDialog | None
+
+    def offer_addon(self, name: str, *, nvidia_gpu: bool, installed: Callable[[str], None]) -> None:
+        """Open the dialog (again, if it is still there); ``installed`` runs once the add-on imports."""
+        if self.addon is None:
+            self.addon = AddonDialog(name, nvidia_gpu=nvidia_gpu, parent=self)
+            self.addon.installed.connect(installed)
+            self.addon.finished.connect(self._addon_closed)
+        self.addon.open()
+
+    def _addon_closed(self, _result: int) -> None:
+        if self.addon is not None and not self.addon.running():
+            self.addon.deleteLater()
+            self.addon = None

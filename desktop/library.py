@@ -34,10 +34,10 @@ from backends.models.catalog import CATALOG, list_models
 from backends.models.gguf_info import read_gguf_info
 from backends.models.hf_folder import is_hf_folder
 from backends.models.paths import library_dir
+from desktop.addons import AddonDialog, AddonOffer
 from desktop.jobs import run_job
 
 if TYPE_CHECKING:
-    from desktop.addons import AddonDialog
     from desktop.hub import HubDialog
 
 _SPLIT_PART = re.compile(r"-(\d{5})-of-\d{5}$")
@@ -111,7 +111,7 @@ def entry_details(entry: LibraryEntry, hw: HardwareReport | None, n_ctx: int, ba
     )
 
 
-class ModelLibrary(QWidget):
+class ModelLibrary(QWidget, AddonOffer):
     load_requested = Signal(str, int, str)  # model spec, n_ctx, backend
     load_refused = Signal(str, str)  # row label, why: its file is known to be unreadable
     folders_changed = Signal(list)
@@ -273,19 +273,9 @@ class ModelLibrary(QWidget):
     def _offer_torch(self) -> None:
         """PyTorch without torch: the add-on dialog (what, how big, where; Install or Cancel)."""
         from backends.addons import has_nvidia
-        from desktop.addons import AddonDialog
 
-        if self.addon is None:
-            nvidia = self.hardware is not None and has_nvidia(self.hardware.gpus)
-            self.addon = AddonDialog("torch", nvidia_gpu=nvidia, parent=self)
-            self.addon.installed.connect(self._torch_arrived)
-            self.addon.finished.connect(self._addon_closed)
-        self.addon.open()
-
-    def _addon_closed(self, _result: int) -> None:
-        if self.addon is not None and not self.addon.running():
-            self.addon.deleteLater()
-            self.addon = None
+        nvidia = self.hardware is not None and has_nvidia(self.hardware.gpus)
+        self.offer_addon("torch", nvidia_gpu=nvidia, installed=self._torch_arrived)
 
     def _torch_arrived(self, _name: str) -> None:
         self._torch = True

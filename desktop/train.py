@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.addons import AddonDialog
+from desktop.addons import AddonDialog, AddonOffer
 from desktop.library import torch_installed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ KIND_LABELS = {"eagle": "EAGLE head (for eagle2)", "eagle3": "EAGLE-3 head (for 
                "mtp": "MTP module (for mtp-trained)", "medusa": "Medusa heads (for medusa)"}
 
 
-class TrainDialog(QDialog):
+class TrainDialog(QDialog, AddonOffer):
     """Model, kind, data source, time budget; Start and Cancel; progress, loss and agreement."""
 
     trained = Signal(str)  # the head's .json path
@@ -166,21 +166,12 @@ class TrainDialog(QDialog):
         a finished install starts the training asked for."""
         self.status.setText("Training needs torch, which is not installed yet: install it (an add-on, downloaded "
                             "once) and training starts.")
-        if self.addon is None:
-            self.addon = AddonDialog("torch", nvidia_gpu=self.nvidia_gpu, parent=self)
-            self.addon.installed.connect(self._torch_arrived)
-            self.addon.finished.connect(self._addon_closed)
-        self.addon.open()
+        self.offer_addon("torch", nvidia_gpu=self.nvidia_gpu, installed=self._torch_arrived)
 
     def _torch_arrived(self, _name: str) -> None:
         if self.addon is not None:
             self.addon.accept()  # its work is done: the training's progress is what to watch now
         self.start()
-
-    def _addon_closed(self, _result: int) -> None:
-        if self.addon is not None and not self.addon.running():
-            self.addon.deleteLater()
-            self.addon = None
 
     def cancel(self) -> None:
         if self.process is not None:

@@ -14,11 +14,14 @@ slices (bfloat16 needs torch to read, which the PyTorch backend that runs folder
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from backends.core.errors import ModelFileError
+
+if TYPE_CHECKING:
+    from backends.models.gguf_info import TensorInfo
 
 EMBEDDINGS = ("token_embd.weight",)
 OUTPUT = ("output.weight", "token_embd.weight")  # tied embeddings serve as the output layer
@@ -44,7 +47,7 @@ def _tensor(model_path: str | Path, names: Sequence[str]) -> _Rows:
     raise ModelFileError(f"{Path(model_path).name} has none of {', '.join(names)}")
 
 
-def _gguf_rows(path: Path, tensor) -> _Rows:
+def _gguf_rows(path: Path, tensor: "TensorInfo") -> _Rows:
     """A 2-D GGUF tensor's rows from the file mapped at its offset: [n_rows, row bytes] raw, as
     ggml stores it (a row of a quantized type is whole blocks), dequantized when read."""
     import gguf
