@@ -303,6 +303,16 @@ def test_tiny_gguf_reads(tmp_path):
                                                                      ("output_norm.weight", (8,), "F32")]
 
 
+def test_the_pytorch_loader_names_a_size_the_header_lacks(tmp_path):
+    """The PyTorch backend builds the model from the header's sizes: one missing (this file has no
+    feed-forward length) is a clear refusal naming the key, not a TypeError. (A size that is not a
+    number is refused by the header reader before, as for llama.cpp.)"""
+    from backends.pytorch.weights import read_gguf
+
+    with pytest.raises(ModelFileError, match="no usable llama.feed_forward_length"):
+        read_gguf(tiny_gguf(tmp_path / "no_ffn.gguf"))
+
+
 @pytest.mark.parametrize("edit, needle", [
     (lambda w: w.add_uint32("general.alignment", 24), "not a power of two"),
     (lambda w: w.add_uint64("general.alignment", 32), "must be uint32"),

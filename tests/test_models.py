@@ -44,24 +44,36 @@ def test_gguf_info_gemma_and_cache(gemma_path):
 
 
 @pytest.mark.parametrize("fixture", ["smollm_q4_path", "smollm_f16_path", "gemma_path"])
-def test_weight_rows_read_at_the_header_offsets_are_the_gguf_librarys(fixture, request):
-    """Heads read the target's embedding and output rows at the offsets SpecDeck's header reader
-    records (Q8_0, Q6_K and F16 tables here): the same values as ``gguf.GGUFReader``'s tensors give,
-    for every tensor's offset, without parsing the file again (a head's start took 2-10 s)."""
+def test_weights_read_at_the_header_offsets_are_the_gguf_librarys(fixture, request):
+    """Heads read the target's embedding and output rows, and the PyTorch backend whole tensors
+    and the architecture's keys, through SpecDeck's header reader (Q4_1, F16, Q4_K_M files here):
+    the same values as ``gguf.GGUFReader`` gives, without parsing every token string again (a
+    head's start took 2-10 s; a first Gemma load on torch 9.8 s more)."""
     import gguf
     import numpy as np
 
-    from backends.models.weights import EMBEDDINGS, OUTPUT, TokenEmbeddings, tensor_rows
+    from backends.models.weights import EMBEDDINGS, OUTPUT, TokenEmbeddings, gguf_array, tensor_rows
+    from backends.pytorch.weights import read_gguf
 
     path = request.getfixturevalue(fixture)
-    theirs = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
-    ours = {t.name: t for t in read_gguf_info(path).tensors}
+    reader = gguf.GGUFReader(str(path))
+    theirs = {t.name: t for t in reader.tensors}
+    info = read_gguf_info(path)
+    ours = {t.name: t for t in info.tensors}
     assert {n: int(t.data_offset) for n, t in theirs.items()} == {n: t.offset for n, t in ours.items()}
     rows = np.array([0, 1, 17, 4000, ours[EMBEDDINGS[0]].shape[1] - 1])
     for names, got in ((EMBEDDINGS, TokenEmbeddings(path)(rows)), (OUTPUT, tensor_rows(path, rows))):
         tensor = next(theirs[n] for n in names if n in theirs)
         expected = gguf.quants.dequantize(tensor.data[rows], tensor.tensor_type)
         assert got.dtype == np.float32 and np.array_equal(got, expected), (fixture, tensor.name)
+    for name, tensor in theirs.items():
+        got = gguf_array(path, ours[name])
+        expected = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+        assert got.shape == expected.shape and np.array_equal(got, expected), (fixture, name)
+    arch = info.architecture
+    assert info.metadata == {k: f.contents() for k, f in reader.fields.items() if k.startswith(f"{arch}.")}
+    shape, weights = read_gguf(path)  # what the PyTorch backend dequantizes and caches
+    assert shape.family == arch and shape.n_layer == info.n_layer and len(weights) > shape.n_layer
 
 
 def test_metadata_agrees_with_llama_cpp(smollm_q4_path):

@@ -30,14 +30,14 @@ import math
 import mmap
 import os
 import struct
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from backends.core.errors import ModelFileError
 from backends.models.paths import cache_dir, keep_recent, mark_used, write_atomic
 
 GGUF_MAGIC = b"GGUF"
-_CACHE_VERSION = 6  # 5: n_layer_nextn; 6: tensor data offsets
+_CACHE_VERSION = 7  # 5: n_layer_nextn; 6: tensor data offsets; 7: the architecture's own keys
 _KEPT_INFOS = 64  # cached summaries (up to 1 MB each: the token texts), the most recently used
 
 
@@ -89,6 +89,9 @@ class GGUFInfo:
     n_head_kv_layers: tuple[int, ...] = ()  # per layer, when the file gives a list (else empty)
     swa_layers: tuple[bool, ...] = ()  # per layer, when the file gives sliding_window_pattern
     n_layer_nextn: int = 0  # next-n (MTP) blocks among the n_layer (DeepSeek-V3, GLM-4.5: the last ones)
+    # the keys "<architecture>.*" as the file holds them (rope, norms, windows): what a runtime
+    # other than llama.cpp needs to rebuild the model (``backends.pytorch.shape.shape_from_gguf``)
+    metadata: dict[str, object] = field(default_factory=dict)
 
     @property
     def weights_bytes(self) -> int:
@@ -476,6 +479,7 @@ def _summarize(path: Path, file_size: int, f: _Fields, tensors: tuple[TensorInfo
         chat_template=f.text("tokenizer.chat_template"),
         vocab=vocab,
         tensors=tensors,
+        metadata={k: v for k, v in f.values.items() if k.startswith(f"{arch}.")},
     )
 
 

@@ -47,15 +47,29 @@ def _tensor(model_path: str | Path, names: Sequence[str]) -> _Rows:
     raise ModelFileError(f"{Path(model_path).name} has none of {', '.join(names)}")
 
 
-def _gguf_rows(path: Path, tensor: "TensorInfo") -> _Rows:
-    """A 2-D GGUF tensor's rows from the file mapped at its offset: [n_rows, row bytes] raw, as
-    ggml stores it (a row of a quantized type is whole blocks), dequantized when read."""
+def _raw_rows(path: Path, tensor: "TensorInfo") -> np.ndarray:
+    """A GGUF tensor's bytes, mapped from the file at its offset: [rows, row bytes], as ggml
+    stores it (``shape[0]`` is the row length; a row of a quantized type is whole blocks)."""
+    n_rows = tensor.n_elements // tensor.shape[0] if tensor.shape and tensor.shape[0] else 1
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=tensor.offset, shape=(n_rows, tensor.n_bytes // n_rows))
+
+
+def _dequantize(raw: np.ndarray, tensor: "TensorInfo") -> np.ndarray:
     import gguf
 
-    kind = gguf.GGMLQuantizationType[tensor.ggml_type]
-    n_rows = tensor.n_elements // tensor.shape[0]  # ggml's shape[0] is the row length
-    data = np.memmap(path, dtype=np.uint8, mode="r", offset=tensor.offset, shape=(n_rows, tensor.n_bytes // n_rows))
-    return _Rows(n_rows, lambda rows: np.asarray(gguf.quants.dequantize(data[list(rows)], kind), dtype=np.float32))
+    return np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[tensor.ggml_type]), dtype=np.float32)
+
+
+def _gguf_rows(path: Path, tensor: "TensorInfo") -> _Rows:
+    """A 2-D GGUF tensor whose rows are dequantized when read."""
+    data = _raw_rows(path, tensor)
+    return _Rows(len(data), lambda rows: _dequantize(data[list(rows)], tensor))
+
+
+def gguf_array(path: str | Path, tensor: "TensorInfo") -> np.ndarray:
+    """A whole GGUF tensor as float32, numpy's order (ggml's shape reversed), read at the offset
+    ``read_gguf_info`` found: what a runtime other than llama.cpp loads a GGUF with."""
+    return _dequantize(_raw_rows(Path(path), tensor), tensor).reshape(tuple(reversed(tensor.shape)))
 
 
 def _folder_tensor(folder: Path, names: Sequence[str]) -> _Rows:

@@ -121,7 +121,8 @@ def shape_from_hf(config: dict[str, Any]) -> TorchShape:
 
 
 def shape_from_gguf(fields: dict[str, Any], *, has_output: bool, n_vocab: int) -> TorchShape:
-    """The shape a GGUF header describes (``fields``: key -> value, ``gguf.GGUFReader`` contents).
+    """The shape a GGUF header describes (``fields``: key -> value; ``general.architecture`` and the
+    architecture's own keys, as ``GGUFInfo.metadata`` holds them).
     ``has_output``: the file has an output layer of its own (else it is tied to the embeddings)."""
     arch = str(fields.get("general.architecture", "?"))
     if arch not in ("llama", "qwen2", "qwen3", "gemma3"):
@@ -130,7 +131,15 @@ def shape_from_gguf(fields: dict[str, Any], *, has_output: bool, n_vocab: int) -
     def get(key: str, default: Any = None) -> Any:
         return fields.get(f"{arch}.{key}", default)
 
-    d, n_head, n_layer = int(get("embedding_length")), int(get("attention.head_count")), int(get("block_count"))
+    def need(key: str) -> int:
+        """A size the model cannot be built without: a clear refusal, not a TypeError, when absent."""
+        value = get(key)  # the header reader has checked that a present one is an integer
+        if not value or value < 0:
+            raise ModelFileError(f"the GGUF header gives no usable {arch}.{key} ({value!r}), "
+                                 "which the PyTorch backend needs to build the model")
+        return int(value)
+
+    d, n_head, n_layer = need("embedding_length"), need("attention.head_count"), need("block_count")
     window = int(get("attention.sliding_window", 0) or 0)
     gemma = arch == "gemma3"
     scaling = str(get("rope.scaling.type", "none"))
@@ -138,7 +147,7 @@ def shape_from_gguf(fields: dict[str, Any], *, has_output: bool, n_vocab: int) -
         raise ModelFileError(f"rotary scaling {scaling!r} is not supported by the PyTorch backend yet")
     return TorchShape(
         family=arch, n_layer=n_layer, d=d, n_head=n_head, n_kv=int(get("attention.head_count_kv", n_head)),
-        head_dim=int(get("attention.key_length", d // n_head)), ffn=int(get("feed_forward_length")), n_vocab=n_vocab,
+        head_dim=int(get("attention.key_length", d // n_head)), ffn=need("feed_forward_length"), n_vocab=n_vocab,
         norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)), rope_theta=float(get("rope.freq_base", 10000.0)),
         rope_theta_local=GEMMA3_LOCAL_THETA if gemma else 0.0,
         rope_linear=float(get("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0,

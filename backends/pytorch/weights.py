@@ -157,41 +157,32 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, hd // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(rows, *w.shape[1:])
 
 
-def _gguf_fields(reader) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer."):
-            continue
-        try:
-            out[key] = field.contents()
-        except (ValueError, TypeError, IndexError):
-            continue
-    return out
-
-
 def read_gguf(path: str | Path, *, progress: Progress = None) -> tuple[TorchShape, dict[str, np.ndarray]]:
-    """(shape, canonical weights as float32 numpy arrays) dequantized from a GGUF."""
-    import gguf
+    """(shape, canonical weights as float32 numpy arrays) dequantized from a GGUF.
+
+    The header comes from SpecDeck's own reader (``read_gguf_info``: checked, cached per file) and
+    each tensor is read from the file mapped at its offset, not through ``gguf.GGUFReader``, which
+    parses every token string first (Gemma-3's 262k: 9.8 s of a first load here; 0.12 s)."""
+    from backends.models.gguf_info import read_gguf_info
+    from backends.models.weights import gguf_array
 
     path = Path(path)
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except (OSError, ValueError) as exc:
-        raise ModelFileError(f"{path.name} cannot be read as GGUF ({exc})") from None
-    tensors = {t.name: t for t in reader.tensors}
+    info = read_gguf_info(path)  # a bad file: ModelFileError, saying why
+    tensors = {t.name: t for t in info.tensors}
     if "token_embd.weight" not in tensors:
         raise ModelFileError(f"{path.name} has no token embeddings: not a language model GGUF")
     n_vocab = int(tensors["token_embd.weight"].shape[-1])
-    shape = shape_from_gguf(_gguf_fields(reader), has_output="output.weight" in tensors, n_vocab=n_vocab)
+    fields = {"general.architecture": info.architecture, **info.metadata}
+    shape = shape_from_gguf(fields, has_output="output.weight" in tensors, n_vocab=n_vocab)
     weights: dict[str, np.ndarray] = {}
     for n, (name, t) in enumerate(tensors.items()):
         canon = gguf_name(name)
         if canon is None:
             continue
         try:
-            w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+            w = gguf_array(path, t)
         except (NotImplementedError, ValueError) as exc:
-            raise ModelFileError(f"{path.name}: {name} is stored as {t.tensor_type.name}, which cannot be "
+            raise ModelFileError(f"{path.name}: {name} is stored as {t.ggml_type}, which cannot be "
                                  f"dequantized here ({exc})") from None
         if shape.family == "llama" and canon.endswith((".wq", ".bq")):
             w = _unpermute(w, shape.n_head)
