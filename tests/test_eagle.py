@@ -293,6 +293,31 @@ def test_a_head_could_pay_only_where_verifying_is_cheap_enough():
     assert not could_pay(chances, flat, lambda depth: 1.0 * depth)  # a head as dear as the model
 
 
+def test_an_answer_the_gate_kept_from_drafting_says_why_with_the_speed_it_measured(oracle_eagle):
+    """A head whose drafting lost here drafts nothing, and the answer's stats line says so with the
+    measured speed (a user who trained a head sees why tau is 1.00); one that was never shut, or
+    runs fixed trees, gives no such reason."""
+    from backends.chat import format_stats
+    from backends.core.controller import RUN, Bandit
+
+    def answer(gate: Bandit | None, adaptive: bool = True):
+        drafter = EagleDrafter(EagleHead(oracle_eagle, embed), EagleSettings(adaptive=adaptive), costs=COSTS, gate=gate)
+        oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE, n_ctx=2048)
+        return list(generate(oracle, drafter, oracle_prompt(5), GenerationSettings(max_new_tokens=40)))[-1]
+
+    lost = Bandit([RUN], baseline="off", min_tries=1, decay=0.99, explore_share=0.0)
+    for _ in range(20):
+        lost.update(RUN, 1.0, 10.0)  # one token for ten forwards each time it drafted
+    shut = answer(lost)
+    assert shut.stats.drafted == 0 and list(shut.tokens) == plain_greedy(
+        OracleTarget(VOCAB, seed=7, hidden_size=WIDE), oracle_prompt(5), 40, SamplingSettings())
+    assert "drafting lost to plain decoding here: 0.10x its speed" in shut.stats.declined
+    assert shut.stats.declined in format_stats(shut.stats)
+    tried = answer(None)  # a fresh gate tries the head first, so the answer drafts: no reason given
+    assert tried.stats.drafted > 0 and tried.stats.declined == ""
+    assert answer(lost, adaptive=False).stats.declined == ""
+
+
 def test_a_head_whose_gate_stays_shut_asks_for_no_states_and_drafts_as_if_it_had(oracle_eagle):
     """While no re-try is due for ``IDLE_ROWS`` steps, a step asks the target for no hidden states
     (llama.cpp's cost about 1% of an F16 forward); the steps before a re-try do, so each re-try

@@ -227,6 +227,7 @@ class TreeSteps:
     100 steps: drafting that pays only in rare runs); 16 tries, a head's losing 1.5 steps count 3.
     How much: the ``sizer``; a withheld tree goes to a ``Ledger``. Per step: ``open`` (False: don't
     draft), rank, ``propose(tree)``, ``observe``; a drafter that sizes first calls ``drafted``.
+    Why an answer drafted nothing: ``declined``.
     """
 
     def __init__(self, costs: CostModel, *, max_nodes: int, adaptive: bool, prior: float = 0.7, sizer: Sizer | None = None,
@@ -241,6 +242,22 @@ class TreeSteps:
         self._verified: tuple[RankedTree, int] | None = None  # this step's tree and how many nodes went
         self._context_len, self._start, self.quiet = 0, 0.0, False
         self._ran: float | None = None  # seconds spent drafting this step (None: it did not draft)
+        self._withheld = self._sent = False  # at some step of this answer the sizer sent nothing / some nodes
+
+    @property
+    def declined(self) -> str:
+        """Why this answer drafted nothing, in words (``Drafter.declined``), when these steps chose
+        so: the gate, with the speed measured where it drafted, or trees whose every node was too
+        unlikely to repay its verify. A user who trained a head for half an hour and sees tau 1.00
+        is owed the reason."""
+        if self._sent or not self.adaptive:
+            return ""
+        if self.gate.best() != RUN:
+            return (f"drafting lost to plain decoding here: {self.gate.speed(RUN):.2f}x its speed in the "
+                    "steps that drafted (it is re-tried now and then)")
+        if self._withheld:
+            return "no guess was likely enough to repay its verify on this machine's measured cost curve"
+        return ""
 
     def open(self, context: Sequence[int], budget: Budget, *, ready: bool = True, lead: int = 0) -> bool:
         """A step starts: settle withheld trees; whether to draft now (``ready``: the drafter has what
@@ -268,8 +285,9 @@ class TreeSteps:
                       else (len(tree.tokens), self.sizer.chances(tree)))
         if n == 0:
             self._ledger.add(self._context_len, tree)
+            self._withheld |= len(tree.tokens) > 0  # guesses there were (a lookup may find none)
             return EMPTY_PROPOSAL
-        self._verified = (tree, n)
+        self._verified, self._sent = (tree, n), True
         return tree.proposal(n, chances)
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:

@@ -112,7 +112,7 @@ class DraftModelDrafter(Drafter):
         length = min(self.settings.max_draft, budget.max_depth, budget.max_nodes, self.draft.n_ctx - len(context))
         if not self.steps.open(context, budget, ready=length > 0):
             if length > 0 and not self.declined:
-                self.declined = "drafting lost to plain decoding here lately (it is re-tried now and then)"
+                self.declined = self.steps.declined
             return EMPTY_PROPOSAL
         if self.settings.adaptive:
             length = self._choose_length(length, len(context), steps_left=budget.max_depth)

@@ -164,6 +164,10 @@ class EagleDrafter(Drafter):
         once = median_seconds(forward)
         return lambda depth: depth * once / seconds_per_forward
 
+    @property
+    def declined(self) -> str:  # type: ignore[override]
+        return self.steps.declined
+
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         width = self.head.feature_width
         if hidden is not None and hidden.ndim == 2 and len(hidden) and hidden.shape[1] != width:

@@ -97,6 +97,10 @@ class MedusaDrafter(Drafter):
         once = median_seconds(lambda: self.heads.top(state, self.settings.width))
         return lambda depth: once / seconds_per_forward
 
+    @property
+    def declined(self) -> str:  # type: ignore[override]
+        return self.steps.declined
+
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         if hidden is not None and hidden.ndim == 2 and hidden.shape[1] != self.heads.d:
             raise SpecDeckError(f"the head reads {self.heads.d}-wide hidden states, the model gives {hidden.shape[1]}")

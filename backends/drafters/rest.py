@@ -59,6 +59,10 @@ class RESTDrafter(Drafter):
         self.conversation = (conversation or PLDDrafter(costs=costs)) if self.settings.conversation else None
         self.begin([])
 
+    @property
+    def declined(self) -> str:  # type: ignore[override]
+        return self.steps.declined
+
     def begin(self, prompt: Sequence[int], hidden: np.ndarray | None = None) -> None:
         if self.conversation is not None:
             self.conversation.begin(prompt)
