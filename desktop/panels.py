@@ -154,6 +154,8 @@ class MethodPanel(QGroupBox):
         self.draft_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.draft_items = QStandardItemModel(self)
         self.draft_box.setModel(self.draft_items)
+        # shown while no file in the list can draft for the loaded model (each one greyed, saying why)
+        self.draft_box.setPlaceholderText("none usable with this model (point at one to see why)")
         self.load_draft = QPushButton("Load draft model")
         self.load_draft.clicked.connect(self._choose_draft)
         self.train = QPushButton("Train a head for this model ...")
@@ -308,7 +310,8 @@ class MethodPanel(QGroupBox):
             item.setToolTip(why)
             self.draft_items.appendRow(item)
         row = self.draft_box.findData(picked) if picked else -1
-        self.draft_box.setCurrentIndex(row if row >= 0 else 0)
+        # with no usable file the placeholder shows, not a greyed-out file as if it were picked
+        self.draft_box.setCurrentIndex(row if row >= 0 else 0 if advice.compatible_drafts else -1)
         self.load_draft.setEnabled(bool(advice.compatible_drafts))
 
     def _show_details(self, name: str) -> None:

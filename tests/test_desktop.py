@@ -121,6 +121,11 @@ def test_method_chooser_labels_fit_and_greys_out_what_cannot_run(qtbot, window):
     assert any(label.startswith("pld") and "runs on CPU" in label for label in labels)
     why = window.methods.disabled_reason("draft")
     assert why is not None and "draft model" in why  # no smaller model with SmolLM2's vocabulary is loaded
+    # no file can draft for the bundled Q4_1: the picker shows so, not a greyed-out file as if picked
+    drafts = window.methods.draft_box
+    assert drafts.currentIndex() == -1 and "none usable" in drafts.placeholderText()
+    assert not any(window.methods.draft_items.item(i).isEnabled() for i in range(window.methods.draft_items.rowCount()))
+    assert not window.methods.load_draft.isEnabled()
     assert window.methods.recommended.text().startswith("Recommended:")
     assert window.methods.disabled_reason("pld") is None and window.methods.select("pld")
     assert "MiB" in window.methods.memory.text()  # the memory terms of the chosen method
