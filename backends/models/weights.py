@@ -1,5 +1,6 @@
 """Rows of a model's own weight tensors: from a GGUF with the gguf library (no llama.cpp needed),
-or from a Hugging Face folder's safetensors.
+or from a Hugging Face folder's safetensors; and whole GGUF tensors, which the PyTorch backend
+loads the same way (``gguf_array``).
 
 Trained heads reuse the target's token embeddings and output layer instead of copying them into
 their own files (SmolLM2-135M's table is 49k x 576: 113 MB as float32). Only the rows asked for
