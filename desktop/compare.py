@@ -355,6 +355,8 @@ class ComparePanel(QWidget):
         self.chart.getAxis("left").setTicks([[(i, row.method) for i, row in enumerate(ran)]])
         notes = [f"{row.method} could not run: {row.error}" for row in done.rows if row.error]
         for row in ran:
+            if row.declined:
+                notes.append(f"{row.method} drafted nothing: {row.declined}.")
             if row.near_tie:
                 notes.append(f"{row.method}: {row.divergence_note}. Batched and one-token evaluation round differently; "
                              "within this model's measured batch noise that is not a different distribution.")

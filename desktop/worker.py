@@ -128,6 +128,7 @@ class CompareRow:
     divergence_note: str = ""  # the divergence in words: where, the margin, this model's batch noise
     divergence_position: int | None = None  # the answer's token where it first differs
     acceptance_by_depth: tuple[float, ...] = ()  # of the guesses at draft depth k, the share accepted
+    declined: str = ""  # why it drafted nothing, where it chose so (its gate: drafting lost here)
 
 
 @dataclass(frozen=True)
@@ -385,6 +386,7 @@ class Worker(QObject):
             near_tie=None if div is None else div["near_tie"], divergence_note="" if div is None else div["explained"],
             divergence_position=None if div is None else div["position"],
             acceptance_by_depth=tuple(a / d for a, d in zip(run.stats.accepted_at, run.stats.drafted_at) if d),
+            declined="" if run.stats.drafted else run.stats.declined,
         )
 
     @Slot()
@@ -561,7 +563,8 @@ def _server_row(name: str, run: TurnRun, first: TurnRun) -> CompareRow:
     return CompareRow(method=name, decode_tok_s=rate, speedup=rate / first_rate if first_rate > 0 else float("nan"),
                       tau=stats.tau, acceptance_rate=stats.acceptance_rate, new_tokens=stats.new_tokens,
                       joules_per_token=None, identical=same, divergence_margin=None, text=run.text,
-                      divergence_note="" if same else f"its text leaves the first server's at character {at}")
+                      divergence_note="" if same else f"its text leaves the first server's at character {at}",
+                      declined="" if stats.drafted else stats.declined)
 
 
 def _failed_row(method: str, error: str) -> CompareRow:

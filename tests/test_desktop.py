@@ -158,6 +158,16 @@ def test_comparison_runs_ar_and_pld_and_marks_identical_output(qtbot, window):
     assert rows["pld"][-1] == "yes" or "near-tie" in rows["pld"][-1]
     assert rows["ar"][5] == "-" and all(p.isdigit() for p in rows["pld"][5].split())  # acceptance by depth, in percent
     assert window.compare.panes["pld"].toPlainText().strip()
+    # a method its gate kept from drafting (a head that does not pay here) says why under the table
+    from dataclasses import replace
+
+    done = window.compare.last
+    why = "drafting lost to plain decoding here: 0.67x its speed in the steps that drafted"
+    window.compare.show_result(replace(done, rows=tuple(replace(r, declined=why) if r.method == "pld" else r
+                                                        for r in done.rows)))
+    assert f"pld drafted nothing: {why}." in window.compare.note.text()
+    window.compare.show_result(done)
+    assert "drafted nothing" not in window.compare.note.text()
     assert window.compare.history.count() == 1  # kept, reloadable
     window.compare.history.itemClicked.emit(window.compare.history.item(0))
     assert window.compare.table.rowCount() == 2
