@@ -9,7 +9,6 @@ Cancel stops it. A finished install is importable at once (``backends.addons.act
 from __future__ import annotations
 
 import html
-
 from typing import Callable
 
 from PySide6.QtCore import QProcess, Signal
@@ -109,9 +108,9 @@ class AddonDialog(QDialog):
 class AddonOffer:
     """For a widget that needs an add-on the user may lack (the Models dock, the train dialog): one
     install dialog at a time in ``self.addon``, kept while it is open or installing, dropped once
-    closed. The widget sets ``self.addon = None`` in its ``__init__``."""
+    closed."""
 
-    addon: AddonDialog | None
+    addon: AddonDialog | None = None  # the install, while its dialog is open
 
     def offer_addon(self, name: str, *, nvidia_gpu: bool, installed: Callable[[str], None]) -> None:
         """Open the dialog (again, if it is still there); ``installed`` runs once the add-on imports."""

@@ -34,7 +34,7 @@ from backends.models.catalog import CATALOG, list_models
 from backends.models.gguf_info import read_gguf_info
 from backends.models.hf_folder import is_hf_folder
 from backends.models.paths import library_dir
-from desktop.addons import AddonDialog, AddonOffer
+from desktop.addons import AddonOffer
 from desktop.jobs import run_job
 
 if TYPE_CHECKING:
@@ -147,7 +147,6 @@ class ModelLibrary(QWidget, AddonOffer):
         for name, label in BACKEND_LABELS.items():
             self.backend.addItem(label, name)
         self._torch = torch_installed()
-        self.addon: AddonDialog | None = None  # the torch add-on's install, while its dialog is open
         if not self._torch:
             item = self.backend.model().item(self.backend.findData("torch"))
             item.setText(f"{BACKEND_LABELS['torch']} (install ...)")

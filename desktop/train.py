@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop.addons import AddonDialog, AddonOffer
+from desktop.addons import AddonOffer
 from desktop.library import torch_installed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +57,6 @@ class TrainDialog(QDialog, AddonOffer):
         self.extra_args = extra_args  # more `specdeck train` options (tests shorten runs with them)
         self.nvidia_gpu = nvidia_gpu  # which torch the add-on installs: the CUDA build or the CPU one
         self.process: QProcess | None = None
-        self.addon: AddonDialog | None = None  # the torch add-on's install, while its dialog is open
         self.head: str | None = None
         self._buffer = b""
         self._errors: list[str] = []
