@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -79,7 +80,8 @@ def test_without_a_compatible_draft_the_draft_method_is_unavailable(paths, hw, s
     result = rec(paths, hw, store, drafts=("gemma3-270m-q4_k_m",))
     draft = next(r for r in result.ranked if r.method == "draft")
     assert not draft.available and draft.predicted_tok_s is None
-    assert "needs a draft model" in draft.reason and "tokenizer type differs" in draft.reason
+    assert "needs a draft model" in draft.reason and "the one draft file checked cannot" in draft.reason
+    assert [(m, "tokenizer type differs" in why) for m, why in draft.rejected_drafts] == [("gemma3-270m-q4_k_m.gguf", True)]
     assert all(r.available for r in result.ranked[: result.ranked.index(draft)])  # unavailable ones come last
 
 
@@ -146,3 +148,9 @@ def test_specdeck_recommend_json():
     text = subprocess.run([sys.executable, "-m", "backends.cli", "recommend", "smollm2-135m-q4_1"],
                           capture_output=True, text=True, timeout=300)
     assert text.returncode == 0 and "plain decoding about" in text.stdout
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("smollm2-135m-q4_1 ")  # named as the user named it, not by the file's general.name
+    rows = [line for line in lines if re.match(r"\d+\. ", line)]
+    assert len(rows) == len(REGISTRY) and len({line.index("[") for line in rows}) == 1  # one column for the fit
+    for name, why in {(d["model"], d["reason"]) for r in ranked for d in r["rejected_drafts"]}:
+        assert text.stdout.count(f"{name}:") == 1  # each file that cannot draft is explained once

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import textwrap
 from pathlib import Path
 
 from backends.hardware.fit import FitReport, RuntimeSettings
@@ -164,12 +166,29 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=1))
         return 0
-    print(f"{result.model}, task {result.task}: plain decoding about {result.plain_tok_s:.0f} tok/s ({result.plain_basis})")
-    for i, r in enumerate(result.ranked, 1):
-        speed = f"{r.predicted_tok_s:6.0f} tok/s {r.predicted_speedup:5.2f}x" if r.predicted_tok_s else f"{'-':>22}"
-        state = r.fit_label if r.available else "unavailable"
-        print(f"{i}. {r.method:6} {speed}  [{state}]\n   {r.reason}")
-    rejected = {m: why for r in result.ranked for m, why in r.rejected_drafts}
-    for model, why in rejected.items():
-        print(f"   draft {model} not usable: {why}")
+    print(_recommendations_text(args.model, result))
     return 0
+
+
+def _recommendations_text(given: str, result) -> str:
+    """The ranking as a table whose columns line up, named as the user named the model (the file's
+    own ``general.name`` follows in brackets where it says something else); each draft file that
+    cannot serve is listed once, under the table, not inside every method that needs one; the
+    reasons wrap at the terminal's width."""
+    name = Path(given).name
+    header = name if result.model in ("", name) else f"{name} ({result.model})"
+    lines = [f"{header}, task {result.task}: plain decoding about {result.plain_tok_s:.0f} tok/s, {result.plain_basis}"]
+    number = len(str(len(result.ranked))) + 1  # "9." or "14."
+    width = max(len(r.method) for r in result.ranked)
+    columns, indent = max(60, shutil.get_terminal_size().columns - 1), " " * (number + 1)
+    for i, r in enumerate(result.ranked, 1):
+        speed = f"{r.predicted_tok_s:6.0f} tok/s {r.predicted_speedup:5.2f}x" if r.predicted_tok_s else f"{'-':>19}"
+        state = r.fit_label if r.available else "unavailable"
+        lines.append(f"{f'{i}.':<{number}} {r.method:<{width}} {speed}  [{state}]")
+        lines.append(textwrap.fill(r.reason, columns, initial_indent=indent, subsequent_indent=indent))
+    rejected = {m: why for r in result.ranked for m, why in r.rejected_drafts}
+    if rejected:
+        lines.append("Draft model files that cannot draft for this model:")
+        lines += [textwrap.fill(f"{model}: {why}", columns, initial_indent="  ", subsequent_indent="    ")
+                  for model, why in rejected.items()]
+    return "\n".join(lines)

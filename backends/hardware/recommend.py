@@ -182,7 +182,9 @@ def _rate(ctx: _Context, spec: MethodSpec, plain: float, drafts: list[ModelShape
     if missing:
         why = f"needs {describe(missing)}"
         if DRAFT_MODEL in missing:
-            why += "; none found" + (f" ({'; '.join(f'{m}: {r}' for m, r in rejected)})" if rejected else "")
+            checked = "the one draft file checked cannot" if len(rejected) == 1 else \
+                f"none of the {len(rejected)} draft files checked can"
+            why += f"; {checked} (why: given with the drafts)" if rejected else "; none found"
         fit = plan(ctx.shape, ctx.hw, ctx.rt, method_extra(spec, ctx.rt.n_ctx))
         return Recommendation(spec.name, fit.fits, False, None, None, f"{spec.summary} - {why}", "prior", fit.label,
                               rejected_drafts=tuple(rejected))
