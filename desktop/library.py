@@ -132,6 +132,8 @@ class ModelLibrary(QWidget, AddonOffer):
         self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.setWordWrap(False)  # one line a model; a long name loses its middle, never its quantization
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.table.cellDoubleClicked.connect(lambda row, _col: self._load_row(row))
         self.ctx = QSpinBox()
         self.ctx.setObjectName("n_ctx")
@@ -194,6 +196,7 @@ class ModelLibrary(QWidget, AddonOffer):
             item.setData(Qt.ItemDataRole.UserRole, entry.spec)
             item.setToolTip(str(entry.path) if entry.path else f"{CATALOG[entry.spec].description}: made on first use")
             self.table.setItem(r, 0, item)
+        self.table.resizeColumnToContents(0)  # the names tell the rows apart: they get the room first
         self.refresh_details()
 
     def refresh_made(self) -> None:

@@ -32,6 +32,10 @@ def test_a_derived_row_fills_in_once_made_and_names_tell_quantizations_apart(qtb
     try:
         spec = "smollm2-135m-q8_0"
         qtbot.waitUntil(lambda: _cell(window, spec, 6) == "made on first use", timeout=LOAD_TIMEOUT)
+        table = window.library.table
+        for row in range(table.rowCount()):  # every name whole: the quantization is what tells rows apart
+            name = table.item(row, 0).text()
+            assert table.fontMetrics().horizontalAdvance(name) < table.columnWidth(0), name
         assert "made on first use" in window.library.table.item(_row(window, spec), 0).toolTip()
         for gemma in ("gemma3-270m-q4_k_m", "gemma3-270m-f16"):
             tip = window.library.table.item(_row(window, gemma), 0).toolTip()

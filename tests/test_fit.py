@@ -111,6 +111,7 @@ def test_cpu_only_machine_runs_on_cpu(shapes, cpu_only):
     assert {t.device for t in report.terms} == {"cpu"}
     names = [t.name for t in report.terms]
     assert any(n.startswith("KV cache (f16, 8192") for n in names) and "weights: token embeddings" in names
+    assert "weights: output layer (reads the token embeddings: its norm only)" in names  # tied: why it is so small
 
 
 def test_not_enough_ram_does_not_fit(shapes, cpu_only):

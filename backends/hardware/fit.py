@@ -143,7 +143,8 @@ def model_terms(shape: ModelShape, rt: RuntimeSettings, gpu_layers: int, gpu: st
         terms.append(MemoryTerm(kv_name, sum(kv_layer_bytes(shape, rt, i) for i in layers), dev))
     terms.append(MemoryTerm(f"{prefix}weights: token embeddings", shape.embd_bytes, CPU))
     out_bytes = shape.other_bytes + (shape.output_bytes if (not shape.tied_output or out_dev != CPU) else 0)
-    tied = " (copy of the tied embeddings)" if shape.tied_output and out_dev != CPU else ""
+    tied = "" if not shape.tied_output else " (copy of the tied embeddings)" if out_dev != CPU else \
+        " (reads the token embeddings: its norm only)"
     terms.append(MemoryTerm(f"{prefix}weights: output layer{tied}", out_bytes, out_dev))
     terms += _compute_terms(shape, rt, out_dev, gpu if ngl else None, prefix)
     terms += _runtime_terms(shape, gpu if ngl else None, prefix, shared_runtime)
