@@ -270,6 +270,7 @@ def test_specdeck_fit_json_and_text():
     assert any(t["name"] == "pld pool" for t in data["terms"])
     text = run_cli("fit", "smollm2-135m-q4_1", "--ctx", "2048")
     assert text.returncode == 0 and expected.label in text.stdout and "KV cache" in text.stdout
+    assert text.stdout.startswith("smollm2-135m-q4_1 ")  # named as the user named it, not by its general.name
 
 
 def test_specdeck_fit_bad_input(tmp_path):
