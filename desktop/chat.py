@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from typing import Sequence
 
 from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
@@ -150,7 +151,7 @@ class ChatPanel(QWidget):
         self._error: str | None = None  # the error line under the conversation, until the next send or chat
         self._undo: Undo | None = None  # the conversation before the answer now asked for
         self._reading: PrefillProgress | None = None  # how far the prompt of the answer asked for is read
-        self._rendered: dict[str, Rendered] = {}  # message text -> its styled markdown (see redraw)
+        self._rendered: dict[RenderKey, Rendered] = {}  # (text, drafted runs) -> its styled markdown (see redraw)
         self._build()
         self.theme = TranscriptTheme.from_palette(self.palette())
         self.redraw_timer = QTimer(self)
@@ -533,12 +534,12 @@ class ChatPanel(QWidget):
             extra = f" &nbsp;<small><a href='{EDIT_SCHEME}:{index}' style='color:{self.theme.link}'>edit</a></small>"
         return f"<b>{who}</b>{extra}"
 
-    def _insert_body(self, cursor: QTextCursor, index: int, m: StoredMessage, previous: dict[str, Rendered]) -> None:
-        if m.role == "assistant" and self.colour.isChecked() and self.spans.get(index):
-            cursor.insertHtml(_coloured(self.spans[index], self.theme.draft))
-        elif m.content:
-            rendered = previous.get(m.content) or self._rendered.get(m.content) or Rendered.of(m.content, self.theme)
-            self._rendered[m.content] = rendered
+    def _insert_body(self, cursor: QTextCursor, index: int, m: StoredMessage, previous: dict[RenderKey, Rendered]) -> None:
+        if m.content:
+            shade = self.colour.isChecked() and m.role == "assistant"
+            key = (m.content, drafted_runs(self.spans.get(index, []), len(m.content)) if shade else ())
+            rendered = previous.get(key) or self._rendered.get(key) or Rendered.of(*key, self.theme)
+            self._rendered[key] = rendered
             rendered.insert(cursor)
         elif m.role == "assistant" and self.streaming and index == len(self.messages) - 1:
             cursor.insertHtml(f"<i>{html.escape(self._waiting_text())}</i>")
@@ -591,6 +592,11 @@ def _footer(m: StoredMessage) -> str | None:
         return None
 
 
+RenderKey = tuple[str, tuple[tuple[int, int], ...]]  # a message's text and its drafted runs (offsets in it)
+ALIGN_WINDOW = 400  # markdown syntax skipped between two shown characters: a link's address, a fence line
+ALIGN_PIECE = 8  # characters matched at once where they can be
+
+
 @dataclass(frozen=True)
 class Rendered:
     """A message's markdown, parsed and styled for one theme, ready to insert again and again."""
@@ -599,10 +605,14 @@ class Rendered:
     first_block: QTextBlockFormat
 
     @classmethod
-    def of(cls, text: str, theme: TranscriptTheme) -> Rendered:
+    def of(cls, text: str, drafted: Sequence[tuple[int, int]], theme: TranscriptTheme) -> Rendered:
+        """``drafted``: runs ``[start, end)`` of ``text`` that came from accepted drafts, shaded
+        where they show (the markdown syntax among them does not)."""
         source = QTextDocument()
         source.setMarkdown(text)
         _style_document(source, theme)
+        if drafted:
+            _shade(source, text, drafted, QColor(theme.draft))
         return cls(QTextDocumentFragment(source), source.begin().blockFormat())
 
     def insert(self, cursor: QTextCursor) -> None:
@@ -614,14 +624,74 @@ class Rendered:
         QTextCursor(block).setBlockFormat(self.first_block)
 
 
-def _coloured(spans: list[tuple[str, bool]], background: str) -> str:
-    """The answer as generated, drafted spans shaded. ``pre-wrap``: HTML would collapse runs of
-    spaces, and code answers lost their indentation."""
-    out = []
+def drafted_runs(spans: Sequence[tuple[str, bool]], length: int) -> tuple[tuple[int, int], ...]:
+    """The ``[start, end)`` offsets of the drafted spans, within the first ``length`` characters
+    (the finished answer's text can be shorter than what streamed: a stop string is cut off)."""
+    runs, at = [], 0
     for text, drafted in spans:
-        body = html.escape(text).replace("\n", "<br>")
-        out.append(f"<span style='background-color:{background}'>{body}</span>" if drafted else body)
-    return f"<span style='white-space:pre-wrap'>{''.join(out)}</span>"
+        end = min(at + len(text), length)
+        if drafted and end > at:
+            runs.append((at, end))
+        at += len(text)
+    return tuple(runs)
+
+
+def align_shown(raw: str, shown: str, window: int = ALIGN_WINDOW) -> list[int]:
+    """For each character of ``shown`` (the text markdown made of ``raw``), the offset in ``raw``
+    it came from, or -1. Markdown only removes characters (emphasis marks, fences, list markers,
+    a link's address) and turns a line break inside a paragraph into a space, so ``shown`` is
+    matched to ``raw`` in order, skipping at most ``window`` characters of syntax. Pieces of up
+    to ``ALIGN_PIECE`` characters are matched at once, so the first letters of a code block's
+    line are not taken from its fence's language name; a character that cannot be placed
+    (an entity such as ``&amp;``) is left unmatched, not the rest after it."""
+    out: list[int] = []
+    i, n = 0, 0
+    while n < len(shown):
+        size, j = min(ALIGN_PIECE, len(shown) - n), -1
+        while size > 1 and j < 0:  # the longest piece found as it is
+            j = raw.find(shown[n:n + size], i, i + window + size)
+            size = size if j >= 0 else size // 2
+        if j < 0 and shown[n].isspace():  # a space, or a line break the markdown made one of
+            j = next((k for k in range(i, min(len(raw), i + window)) if raw[k].isspace()), -1)
+        elif j < 0:
+            j = raw.find(shown[n], i, i + window)
+        size = max(size, 1)
+        out += range(j, j + size) if j >= 0 else [-1] * size
+        i = j + size if j >= 0 else i
+        n += size
+    return out
+
+
+def _shade(document: QTextDocument, raw: str, drafted: Sequence[tuple[int, int]], colour: QColor) -> None:
+    """Shade the characters of ``document`` (markdown made of ``raw``) that came from ``drafted``."""
+    positions, shown = [], []
+    block = document.begin()
+    while block.isValid():  # every block, code and list items and table cells too, separated by "\n"
+        positions += range(block.position(), block.position() + len(block.text()) + 1)
+        shown.append(block.text() + "\n")
+        block = block.next()
+    is_drafted = bytearray(len(raw))
+    for start, end in drafted:
+        is_drafted[start:end] = b"\x01" * (end - start)
+    marked = [p for p, source in zip(positions, align_shown(raw, "".join(shown))) if source >= 0 and is_drafted[source]]
+    fmt = QTextCharFormat()
+    fmt.setBackground(colour)
+    cursor = QTextCursor(document)
+    for first, last in _runs(marked):
+        cursor.setPosition(first)
+        cursor.setPosition(last + 1, QTextCursor.MoveMode.KeepAnchor)
+        cursor.mergeCharFormat(fmt)
+
+
+def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """Increasing positions as runs of consecutive ones, ``(first, last)``."""
+    runs: list[tuple[int, int]] = []
+    for p in positions:
+        if runs and p == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], p)
+        else:
+            runs.append((p, p))
+    return runs
 
 
 def _style_document(document: QTextDocument, theme: TranscriptTheme) -> None:

@@ -15,7 +15,7 @@ from PySide6.QtGui import QColor, QPalette, QTextCursor, QTextFormat  # noqa: E4
 from PySide6.QtWidgets import QApplication, QTextBrowser  # noqa: E402
 
 from backends.models.catalog import resolve_model  # noqa: E402
-from desktop.chat import ChatPanel, _coloured  # noqa: E402
+from desktop.chat import ChatPanel, Rendered, TranscriptTheme, align_shown, drafted_runs  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from desktop.store import ConversationStore, StoredMessage  # noqa: E402
 from tests.desktop_kit import (ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, ask, close_window, home,  # noqa: E402,F401
@@ -189,7 +189,8 @@ def test_charts_and_transcript_follow_a_palette_switch(qtbot, window):
     ask(qtbot, window, "```\napples, pears, plums, cherries, grapes, melons\n```\n\nRepeat this list exactly.")
     light = transcript_colours(chat)
     assert light["draft"] and light["footer"] and light["code"] and light["link"]  # the answer drafted something
-    assert code_lines(chat) == ["apples, pears, plums, cherries, grapes, melons"]  # what follows is not code
+    lines = code_lines(chat)  # the question's block, and the answer's own where it writes one: nothing after them
+    assert lines[0] == "apples, pears, plums, cherries, grapes, melons" and set(lines) == {lines[0]}
     original = app.palette()
     light_charts = chart_colours(window)
     assert light_charts[0] == original.base().color().name()
@@ -211,14 +212,35 @@ def test_charts_and_transcript_follow_a_palette_switch(qtbot, window):
     assert transcript_colours(chat) == light
 
 
-def test_shading_drafted_tokens_keeps_a_code_answers_indentation(qtbot):
-    """With "Colour drafted tokens" on, the answer is drawn as generated: its spaces must survive
-    (HTML collapsed them, and indented code came out flush left)."""
-    spans = [("def water(plant):\n", False), ("    if plant.dry:", True), ("\n        plant.water(  2)", False)]
+def test_shaded_drafted_tokens_sit_in_the_rendered_markdown_and_code_keeps_its_indentation(qtbot):
+    """With "Colour drafted tokens" on (the default) the answer is still markdown: bold shows bold,
+    a code fence shows as code with its indentation, and exactly the shown characters that came
+    from drafts are shaded. (The shaded view drew the raw text before: "**", "```python" and all.)"""
+    spans = [("Tips:\n\n1. **Water** ", False), ("them weekly.", True), ("\n\n```python\n", False),
+             ("print", True), ("(1)\ndef water(plant):\n", False), ("    if plant.dry:", True),
+             ("\n        plant.water(  2)\n```\n", False)]
+    raw = "".join(text for text, _ in spans)
+    theme = TranscriptTheme("#0000ff", "#777777", "#c2e1c5", "#eeeeee", "#c0392b")
     browser = QTextBrowser()
     qtbot.addWidget(browser)
-    QTextCursor(browser.document()).insertHtml(_coloured(spans, "#cfe8cf"))
-    assert browser.toPlainText() == "".join(text for text, _ in spans)
+    Rendered.of(raw, drafted_runs(spans, len(raw)), theme).insert(QTextCursor(browser.document()))
+    shown = browser.toPlainText()
+    assert "**" not in shown and "```" not in shown and "python" not in shown
+    assert "    if plant.dry:\n        plant.water(  2)" in shown  # spaces kept
+    bold = [f.text() for _, f in fragments(browser) if f.charFormat().fontWeight() >= 700]
+    assert bold == ["Water"]
+    shaded = "".join(f.text() for _, f in fragments(browser) if f.charFormat().background().color().name() == theme.draft)
+    assert shaded == "them weekly.print    if plant.dry:"  # the drafted text, in order, and nothing else
+    assert drafted_runs(spans, len(raw) - 5)[-1][1] <= len(raw) - 5  # a finished answer cut short keeps runs inside
+
+
+def test_the_shown_text_is_placed_in_the_markdown_it_came_from():
+    raw = "See [the docs](https://example.com/a b) & *this*:\n```sh\nsh run.sh\n```"
+    shown = "See the docs & this:\nsh run.sh"
+    where = align_shown(raw, shown)
+    assert [raw[j] if j >= 0 else None for j in where] == list(shown)
+    assert where[shown.index("sh run")] == raw.index("sh run")  # not the fence's "sh"
+    assert align_shown("a &amp; b", "a & b") == [0, 1, 2, 7, 8]  # the entity's "&", then on
 
 
 # -- a draft model picked in the method panel -----------------------------------------------------
