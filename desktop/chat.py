@@ -30,6 +30,7 @@ from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
     QDesktopServices,
+    QGuiApplication,
     QKeySequence,
     QPalette,
     QShortcut,
@@ -60,6 +61,7 @@ from desktop.store import ConversationStore, StoredMessage
 from desktop.worker import PrefillProgress
 
 EDIT_SCHEME = "edit"  # transcript links "edit:<message index>" start editing that message
+COPY_SCHEME = "copy"  # "copy:<message index>" puts that answer's text (its markdown) on the clipboard
 PALETTE_EVENTS = (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange)
 NOTICE_MS = 6000
 HEADER_GAP = 12.0  # pixels above each "You" / "SpecDeck" line
@@ -167,6 +169,8 @@ class ChatPanel(QWidget):
     def _build(self) -> None:
         self.list = QListWidget()
         self.list.setObjectName("conversations")
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)  # long titles end in "...", the whole one in the tooltip
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.itemActivated.connect(lambda item: self.open(item.data(Qt.ItemDataRole.UserRole)))
         self.list.itemClicked.connect(lambda item: self.open(item.data(Qt.ItemDataRole.UserRole)))
         self.new_button = QPushButton("New chat")
@@ -254,6 +258,7 @@ class ChatPanel(QWidget):
         for conv in self.store.list():
             item = QListWidgetItem(conv.title)
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
+            item.setToolTip(conv.title)
             self.list.addItem(item)
             if conv.id == self.conversation:
                 self.list.setCurrentItem(item)
@@ -404,11 +409,16 @@ class ChatPanel(QWidget):
         self.notice_timer.start()
 
     def _on_link(self, url: QUrl) -> None:
-        """Edit links start an edit; links inside messages open in the browser as before."""
+        """Edit links start an edit, copy links copy an answer; links inside messages open in the
+        browser as before."""
+        index = url.path()
         if url.scheme() == EDIT_SCHEME:
-            index = url.path()
             if index.isdigit():
                 self.begin_edit(int(index))
+        elif url.scheme() == COPY_SCHEME:
+            if index.isdigit() and int(index) < len(self.messages):
+                QGuiApplication.clipboard().setText(self.messages[int(index)].content)
+                self.show_notice("Answer copied (as markdown).")
         else:
             QDesktopServices.openUrl(url)
 
@@ -525,13 +535,15 @@ class ChatPanel(QWidget):
             bar.setValue(bar.maximum())
 
     def _header(self, index: int, m: StoredMessage) -> str:
-        """Who speaks; a user message also gets its edit link (none while an answer streams)."""
+        """Who speaks; a user message also gets its edit link, an answer its copy link (neither
+        while an answer streams)."""
         who = {"user": "You", "assistant": "SpecDeck", "system": "System"}.get(m.role, m.role)
         extra = ""
         if m.role == "user" and index == self.editing:
             extra = " <i>(being edited)</i>"
-        elif m.role == "user" and not self.streaming:
-            extra = f" &nbsp;<small><a href='{EDIT_SCHEME}:{index}' style='color:{self.theme.link}'>edit</a></small>"
+        elif m.role in ("user", "assistant") and m.content and not self.streaming:
+            scheme, label = (EDIT_SCHEME, "edit") if m.role == "user" else (COPY_SCHEME, "copy")
+            extra = f" &nbsp;<small><a href='{scheme}:{index}' style='color:{self.theme.link}'>{label}</a></small>"
         return f"<b>{who}</b>{extra}"
 
     def _insert_body(self, cursor: QTextCursor, index: int, m: StoredMessage, previous: dict[RenderKey, Rendered]) -> None:

@@ -58,7 +58,9 @@ def test_edit_an_earlier_message_cancel_then_resend(qtbot, window):
         ask(qtbot, window, q)
     before = [(m.role, m.content) for m in chat.messages]
     assert len(before) == 6 and stored(chat) == before
-    assert links(chat.transcript) == ["edit:0", "edit:2", "edit:4"]  # one per user message
+    assert links(chat.transcript) == ["edit:0", "copy:1", "edit:2", "copy:3", "edit:4", "copy:5"]  # edit asks, copy answers
+    click_link(qtbot, chat.transcript, "copy:3")
+    assert QApplication.clipboard().text() == before[3][1] and "copied" in chat.notice.text()
 
     # Click "edit" on the first message, then Esc: nothing changes and the box gets its text back.
     chat.input.setPlainText("half-typed")
@@ -84,7 +86,7 @@ def test_edit_an_earlier_message_cancel_then_resend(qtbot, window):
     rec = Recorder(window)
     qtbot.keyClick(chat.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
     assert chat.streaming and chat.editing is None
-    assert links(chat.transcript) == []  # no edit links while an answer streams
+    assert links(chat.transcript) == []  # no edit or copy links while an answer streams
     assert not chat.begin_edit(0) and chat.editing is None  # refused, with a notice saying why
     assert chat.notice.isVisible() and "Stop the answer" in chat.notice.text()
     qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
@@ -95,7 +97,7 @@ def test_edit_an_earlier_message_cancel_then_resend(qtbot, window):
     assert chat.messages[-1].stats is not None
     text = chat.transcript_text()
     assert "Name a colour." not in text and "Name an animal." not in text and "Name a vegetable." in text
-    assert links(chat.transcript) == ["edit:0", "edit:2"]
+    assert links(chat.transcript) == ["edit:0", "copy:1", "edit:2", "copy:3"]
     assert chat.send_button.text() == "Send" and chat.input.toPlainText() == ""
 
 
@@ -111,7 +113,7 @@ def test_editing_the_first_message_renames_the_conversation(qtbot, window):
     chat.send_button.click()
     qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
     assert stored(chat) == [("user", "New title question"), ("assistant", rec.finished.text)]
-    assert chat.list.currentItem().text() == "New title question"
+    assert chat.list.currentItem().text() == "New title question" == chat.list.currentItem().toolTip()
 
 
 def test_a_saved_conversation_opens_with_code_first_and_stats_it_cannot_read(qtbot, tmp_path):
