@@ -144,7 +144,7 @@ class ComparePanel(QWidget):
         header.setSectionResizeMode(len(COLUMNS) - 1, QHeaderView.ResizeMode.Stretch)  # long verdicts wrap
         self.table.setWordWrap(True)
         self.chart = pg.PlotWidget()  # horizontal bars, one row per method (its height grows with them): names never overlap
-        self.chart.setMinimumHeight(chart_height(len(REGISTRY)))
+        self.chart.setMinimumHeight(chart_height(2))
         self.chart.setMinimumWidth(CHART_MIN_WIDTH)
         self.chart.invertY(True)
         self.chart.setMouseEnabled(x=False, y=False)
@@ -352,6 +352,8 @@ class ComparePanel(QWidget):
         ran = [row for row in done.rows if not row.error]
         rates = [row.decode_tok_s if math.isfinite(row.decode_tok_s) else 0.0 for row in ran]
         self.chart.addItem(pg.BarGraphItem(x0=0, y=list(range(len(rates))), width=rates, height=0.6, brush=(60, 140, 230)))
+        self.chart.setMinimumHeight(chart_height(max(2, len(rates))))  # as tall as its bars need: the panel scrolls less
+        self.chart.setYRange(-0.5, max(1, len(rates)) - 0.5, padding=0.05)
         self.chart.getAxis("left").setTicks([[(i, row.method) for i, row in enumerate(ran)]])
         notes = [f"{row.method} could not run: {row.error}" for row in done.rows if row.error]
         for row in ran:

@@ -296,6 +296,9 @@ def test_rest_without_a_datastore_is_explained_in_the_window_and_a_failing_metho
     assert "failed" in rows["rest"][-1] and "not a datastore" in rows["rest"][-1]
     ticks = [label for _, label in compare.chart.getAxis("left")._tickLevels[0]]
     assert ticks == ["ar", "pld"]  # the chart holds the methods that ran
+    low, high = compare.chart.viewRange()[1]
+    assert low <= -0.3 and 1.3 <= high < 2  # both bars whole, no room kept for methods that did not run
+    assert compare.chart.minimumHeight() < 200
     assert "rest could not run" in compare.note.text() and "not a datastore" in compare.note.text()
 
 
