@@ -422,7 +422,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     print(f"loading {args.model} ...", file=sys.stderr)
     _note_cpu_fallback()
     with Session(_session_config(args)) as session:
-        print("checking what verification costs on this machine (measured once per model) ...", file=sys.stderr)
+        if not session.costs_known():
+            print("checking what verification costs on this machine (measured once per model) ...", file=sys.stderr)
         session.drafter(args.method, sampling, **_method_settings(args.set).get(args.method, {}))  # fail early
         print(f"SpecDeck chat · {session.model.name} ({session.model.path.name}) · method {args.method} · "
               f"context {session.target.n_ctx} · /help for commands, Ctrl+C stops an answer, Ctrl+D quits",

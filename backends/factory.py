@@ -318,6 +318,11 @@ class Session:
         except OSError:
             return None
 
+    def costs_known(self) -> bool:
+        """Whether this model's verify costs were measured here before (none is timed at the first
+        drafter then: front ends say "checking what verification costs" only when one will be)."""
+        return self._costs is not None or load_cost_curves(self._cost_file(self.target, self.model)) is not None
+
     def _cached_curves(self, target: LlamaTarget, model: LlamaModel) -> dict[int, list[float]]:
         file = self._cost_file(target, model)
         curves = load_cost_curves(file)

@@ -45,8 +45,11 @@ def power_readable() -> bool | None:
 
 def test_chat_streams_answers_and_prints_stats(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDECK_DATA_DIR", str(tmp_path))
+    with Session(SessionConfig(model="smollm2-135m-q4_1")) as session:
+        known = session.costs_known()
     result = specdeck("chat", "--max-new-tokens", "24", stdin="Name three colors.\n/new\nAnd three animals?\n")
     assert result.returncode == 0, result.stderr
+    assert ("checking what verification costs" in result.stderr) == (not known)  # said only when it will measure
     seen = ObservedStore().lookup(resolve_model("smollm2-135m-q4_1"), "pld", "chat")
     assert seen is not None and seen.n == 2 and seen.decode_tok_s > 0  # what the recommender learns from chats
     stats_lines = [line for line in result.stdout.splitlines() if line.startswith("[pld")]
