@@ -425,7 +425,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not session.costs_known():
             print("checking what verification costs on this machine (measured once per model) ...", file=sys.stderr)
         session.drafter(args.method, sampling, **_method_settings(args.set).get(args.method, {}))  # fail early
-        print(f"SpecDeck chat · {session.model.name} ({session.model.path.name}) · method {args.method} · "
+        given = Path(args.model).name  # as the user named it (the file's general.name can be a training run's)
+        shown = given if given == session.model.path.name else f"{given} ({session.model.path.name})"
+        print(f"SpecDeck chat · {shown} · method {args.method} · "
               f"context {session.target.n_ctx} · /help for commands, Ctrl+C stops an answer, Ctrl+D quits",
               file=sys.stderr)
         state = ChatState(method=args.method, system=args.system)

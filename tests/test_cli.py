@@ -50,6 +50,7 @@ def test_chat_streams_answers_and_prints_stats(tmp_path, monkeypatch):
     result = specdeck("chat", "--max-new-tokens", "24", stdin="Name three colors.\n/new\nAnd three animals?\n")
     assert result.returncode == 0, result.stderr
     assert ("checking what verification costs" in result.stderr) == (not known)  # said only when it will measure
+    assert "SpecDeck chat · smollm2-135m-q4_1 (SmolLM2-135M-Instruct.Q4_1.gguf) · method pld" in result.stderr
     seen = ObservedStore().lookup(resolve_model("smollm2-135m-q4_1"), "pld", "chat")
     assert seen is not None and seen.n == 2 and seen.decode_tok_s > 0  # what the recommender learns from chats
     stats_lines = [line for line in result.stdout.splitlines() if line.startswith("[pld")]
