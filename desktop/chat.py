@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
@@ -43,10 +44,12 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QCheckBox,
+    QFileDialog,
     QHBoxLayout,
     QLabel,
     QListWidget,
     QListWidgetItem,
+    QMenu,
     QPushButton,
     QSplitter,
     QTextBrowser,
@@ -171,6 +174,10 @@ class ChatPanel(QWidget):
         self.list.setObjectName("conversations")
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)  # long titles end in "...", the whole one in the tooltip
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setEditTriggers(QListWidget.EditTrigger.EditKeyPressed)  # F2 renames; a click opens
+        self.list.itemChanged.connect(self._renamed)
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._list_menu)
         self.list.itemActivated.connect(lambda item: self.open(item.data(Qt.ItemDataRole.UserRole)))
         self.list.itemClicked.connect(lambda item: self.open(item.data(Qt.ItemDataRole.UserRole)))
         self.new_button = QPushButton("New chat")
@@ -259,6 +266,7 @@ class ChatPanel(QWidget):
             item = QListWidgetItem(conv.title)
             item.setData(Qt.ItemDataRole.UserRole, conv.id)
             item.setToolTip(conv.title)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if conv.id == self.conversation:
                 self.list.setCurrentItem(item)
@@ -282,12 +290,66 @@ class ChatPanel(QWidget):
         self.open(self.store.create())
         self.input.setFocus()
 
-    def delete_chat(self) -> None:
-        if self.streaming or self.conversation is None:
+    def delete_chat(self, conversation: int | None = None) -> None:
+        """Delete ``conversation`` (the open one by default; not while an answer streams)."""
+        conversation = self.conversation if conversation is None else conversation
+        if self.streaming or conversation is None:
             return
-        self.store.delete(self.conversation)
+        self.store.delete(conversation)
+        if conversation != self.conversation:
+            self.reload_list()
+            return
         remaining = self.store.list()
         self.open(remaining[0].id if remaining else self.store.create())
+
+    def rename_chat(self, conversation: int) -> None:
+        """Edit that conversation's title in place (Enter keeps it, Esc leaves it; an empty title
+        gives the naming back to its first message)."""
+        item = self._item_of(conversation)
+        if item is not None:
+            self.list.editItem(item)
+
+    def _renamed(self, item: QListWidgetItem) -> None:
+        if item.text() == item.toolTip():  # some other change of the item: the title is as stored
+            return
+        self.store.rename(item.data(Qt.ItemDataRole.UserRole), item.text())
+        QTimer.singleShot(0, self.reload_list)  # not from inside the item's own signal: the list is rebuilt
+
+    def _item_of(self, conversation: int) -> QListWidgetItem | None:
+        return next((self.list.item(i) for i in range(self.list.count())
+                     if self.list.item(i).data(Qt.ItemDataRole.UserRole) == conversation), None)
+
+    def _list_menu(self, point) -> None:
+        item = self.list.itemAt(point)
+        if item is None:
+            return
+        conversation = item.data(Qt.ItemDataRole.UserRole)
+        menu = QMenu(self)
+        menu.addAction("Rename", lambda: self.rename_chat(conversation))
+        menu.addAction("Export as Markdown ...", lambda: self._export_dialog(conversation))
+        delete = menu.addAction("Delete", lambda: self.delete_chat(conversation))
+        delete.setEnabled(not self.streaming)
+        menu.popup(self.list.viewport().mapToGlobal(point))
+
+    def _export_dialog(self, conversation: int) -> None:
+        title = next((c.title for c in self.store.list() if c.id == conversation), "conversation")
+        safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in title).strip() or "conversation"
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / f"{safe}.md"),
+                                              "Markdown (*.md);;All files (*)")
+        if path:
+            try:
+                self.export_markdown(conversation, Path(path))
+            except OSError as exc:
+                self.show_notice(f"Could not write {path}: {exc.strerror or exc}")
+            else:
+                self.show_notice(f"Saved {Path(path).name}.")
+
+    def export_markdown(self, conversation: int, path: Path) -> None:
+        """Write the conversation as it is stored (title, system prompt, each turn with its
+        answer's stats line) to ``path`` as Markdown."""
+        title = next((c.title for c in self.store.list() if c.id == conversation), "Conversation")
+        text = conversation_markdown(title, self.store.system(conversation), self.store.messages(conversation))
+        path.write_text(text, encoding="utf-8")
 
     def save(self) -> None:
         if self.conversation is not None:
@@ -591,6 +653,21 @@ def _paragraph(cursor: QTextCursor, *, top_margin: float = 0.0) -> None:
         cursor.setCharFormat(QTextCharFormat())
     else:
         cursor.insertBlock(block, QTextCharFormat())
+
+
+def conversation_markdown(title: str, system: str, messages: Sequence[StoredMessage]) -> str:
+    """A conversation as one Markdown file: the answers are markdown already, so each turn goes
+    in as written under a heading naming who spoke, an answer's stats line after it."""
+    parts = [f"# {title}\n"]
+    if system.strip():
+        parts.append(f"*System prompt:* {system.strip()}\n")
+    for m in messages:
+        who = {"user": "You", "assistant": "SpecDeck", "system": "System"}.get(m.role, m.role)
+        parts.append(f"## {who}\n\n{m.content.strip()}\n")
+        footer = _footer(m)
+        if footer:
+            parts.append(f"*{footer}*\n")
+    return "\n".join(parts)
 
 
 def _footer(m: StoredMessage) -> str | None:

@@ -1,7 +1,8 @@
 """Conversations, kept in SQLite in the user data directory so they survive restarts.
 
 A conversation is an ordered list of messages; an assistant message also keeps the stats footer
-of its answer (JSON) so a reloaded conversation shows how each answer was produced.
+of its answer (JSON) so a reloaded conversation shows how each answer was produced. Its title is
+its first message's first line until the user renames it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class ConversationStore:
         self._db = sqlite3.connect(self.path)
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(conversations)")}
+        if "named" not in columns:  # a store written before titles could be renamed
+            with self._db:
+                self._db.execute("ALTER TABLE conversations ADD COLUMN named INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         self._db.close()
@@ -74,16 +79,29 @@ class ConversationStore:
 
     def replace_messages(self, conversation: int, messages: list[StoredMessage], *, system: str | None = None) -> None:
         """Write the whole conversation (edits and regenerations rewrite its tail)."""
-        title = next((m.content.strip().splitlines()[0][:60] for m in messages if m.role == "user" and m.content.strip()), None)
+        title = _first_line(messages)
         with self._db:
             self._db.execute("DELETE FROM messages WHERE conversation = ?", (conversation,))
             self._db.executemany(
                 "INSERT INTO messages (conversation, position, role, content, stats) VALUES (?, ?, ?, ?, ?)",
                 [(conversation, i, m.role, m.content, json.dumps(m.stats) if m.stats else None) for i, m in enumerate(messages)],
             )
-            self._db.execute("UPDATE conversations SET updated = ?, title = COALESCE(?, title), system = COALESCE(?, system) "
-                             "WHERE id = ?", (time.time(), title, system, conversation))
+            self._db.execute("UPDATE conversations SET updated = ?, title = CASE WHEN named THEN title ELSE COALESCE(?, title) END, "
+                             "system = COALESCE(?, system) WHERE id = ?", (time.time(), title, system, conversation))
+
+    def rename(self, conversation: int, title: str) -> None:
+        """The user's own title: kept from now on (the first message no longer names it); an empty
+        one gives the naming back to the first message."""
+        title = " ".join(title.split())
+        with self._db:
+            self._db.execute("UPDATE conversations SET title = ?, named = ? WHERE id = ?",
+                             (title or _first_line(self.messages(conversation)) or "New chat", int(bool(title)), conversation))
 
     def delete(self, conversation: int) -> None:
         with self._db:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation,))
+
+
+def _first_line(messages: list[StoredMessage]) -> str | None:
+    """The title a conversation's first user message gives it (its first line, 60 characters)."""
+    return next((m.content.strip().splitlines()[0][:60] for m in messages if m.role == "user" and m.content.strip()), None)

@@ -9,11 +9,15 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import re  # noqa: E402
+import sqlite3  # noqa: E402
+
+import pytest  # noqa: E402
 
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtGui import QColor, QPalette, QTextCursor, QTextFormat  # noqa: E402
-from PySide6.QtWidgets import QApplication, QTextBrowser  # noqa: E402
+from PySide6.QtWidgets import QApplication, QMenu, QTextBrowser  # noqa: E402
 
+from backends.core.types import RunStats  # noqa: E402
 from backends.models.catalog import resolve_model  # noqa: E402
 from desktop.chat import ChatPanel, Rendered, TranscriptTheme, align_shown, drafted_runs  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
@@ -114,6 +118,63 @@ def test_editing_the_first_message_renames_the_conversation(qtbot, window):
     qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
     assert stored(chat) == [("user", "New title question"), ("assistant", rec.finished.text)]
     assert chat.list.currentItem().text() == "New title question" == chat.list.currentItem().toolTip()
+
+
+STATS = RunStats(method="pld", prompt_tokens=12, reused_tokens=0, new_tokens=9, forwards=6, drafted=4, accepted=3,
+                 prefill_s=0.05, ttft_s=0.06, decode_s=0.1, first_step_tokens=1, draft_s=0.0, verify_s=0.09, accept_s=0.0,
+                 drafted_at=(4,), accepted_at=(3,), finish_reason="eos")
+
+
+def test_conversations_are_renamed_in_place_exported_as_markdown_and_deleted_from_the_list(qtbot, tmp_path):
+    store = ConversationStore(tmp_path / "conversations.sqlite3")
+    first, second = store.create(), store.create()
+    store.replace_messages(first, [StoredMessage("user", "Name a fruit."),
+                                   StoredMessage("assistant", "**Apple**, and:\n\n```\npear\n```", STATS.to_dict())])
+    store.replace_messages(second, [StoredMessage("user", "Name a colour.")])
+    chat = ChatPanel(store)
+    qtbot.addWidget(chat)
+    titles = lambda: [chat.list.item(i).text() for i in range(chat.list.count())]  # noqa: E731
+    assert titles() == ["Name a colour.", "Name a fruit."]
+
+    item = chat.list.item(1)
+    assert item.flags() & Qt.ItemFlag.ItemIsEditable  # F2 or the menu's Rename edits it in place
+    item.setText("  Fruit   talk ")  # what the in-place editor commits
+    qtbot.waitUntil(lambda: "Fruit talk" in titles(), timeout=2000)
+    chat.open(first)
+    chat.messages.append(StoredMessage("user", "Another one?"))
+    chat.save()  # a later turn keeps the user's title
+    assert [c.title for c in store.list() if c.id == first] == ["Fruit talk"]
+    store.rename(first, "")  # an empty title gives the naming back to the first message
+    assert [c.title for c in store.list() if c.id == first] == ["Name a fruit."]
+    store.rename(first, "Fruit talk")
+
+    out = tmp_path / "fruit.md"
+    chat.export_markdown(first, out)
+    text = out.read_text(encoding="utf-8")
+    assert text.startswith("# Fruit talk\n")
+    assert "## You\n\nName a fruit." in text and "## SpecDeck\n\n**Apple**, and:\n\n```\npear\n```" in text
+    assert "[pld" in text and text.index("[pld") > text.index("pear")  # the stats line after its answer
+    with pytest.raises(OSError):
+        chat.export_markdown(first, tmp_path / "missing" / "x.md")  # the dialog turns this into a notice
+
+    chat._list_menu(chat.list.visualItemRect(chat.list.item(0)).center())  # the list's right-click menu
+    menu = chat.findChildren(QMenu)[-1]
+    assert [a.text() for a in menu.actions()] == ["Rename", "Export as Markdown ...", "Delete"]
+    menu.close()
+    chat.delete_chat(second)  # the menu's Delete: not the open conversation
+    assert titles() == ["Fruit talk"] and chat.conversation == first
+    store.close()
+
+    old = tmp_path / "old.sqlite3"  # a store written before titles could be renamed opens and renames
+    with sqlite3.connect(old) as db:
+        db.executescript("CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL, "
+                         "system TEXT NOT NULL DEFAULT '', updated REAL NOT NULL);"
+                         "INSERT INTO conversations VALUES (1, 'Kept', '', 0);")
+    db.close()
+    again = ConversationStore(old)
+    again.rename(1, "Renamed")
+    assert [c.title for c in again.list()] == ["Renamed"]
+    again.close()
 
 
 def test_a_saved_conversation_opens_with_code_first_and_stats_it_cannot_read(qtbot, tmp_path):
