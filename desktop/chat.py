@@ -65,6 +65,7 @@ from desktop.worker import PrefillProgress
 
 EDIT_SCHEME = "edit"  # transcript links "edit:<message index>" start editing that message
 COPY_SCHEME = "copy"  # "copy:<message index>" puts that answer's text (its markdown) on the clipboard
+SPEAKERS = {"user": "You", "assistant": "SpecDeck", "system": "System"}  # each role's name in the transcript
 PALETTE_EVENTS = (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange)
 NOTICE_MS = 6000
 HEADER_GAP = 12.0  # pixels above each "You" / "SpecDeck" line
@@ -599,7 +600,7 @@ class ChatPanel(QWidget):
     def _header(self, index: int, m: StoredMessage) -> str:
         """Who speaks; a user message also gets its edit link, an answer its copy link (neither
         while an answer streams)."""
-        who = {"user": "You", "assistant": "SpecDeck", "system": "System"}.get(m.role, m.role)
+        who = SPEAKERS.get(m.role, m.role)
         extra = ""
         if m.role == "user" and index == self.editing:
             extra = " <i>(being edited)</i>"
@@ -662,7 +663,7 @@ def conversation_markdown(title: str, system: str, messages: Sequence[StoredMess
     if system.strip():
         parts.append(f"*System prompt:* {system.strip()}\n")
     for m in messages:
-        who = {"user": "You", "assistant": "SpecDeck", "system": "System"}.get(m.role, m.role)
+        who = SPEAKERS.get(m.role, m.role)
         parts.append(f"## {who}\n\n{m.content.strip()}\n")
         footer = _footer(m)
         if footer:
@@ -756,13 +757,13 @@ def _shade(document: QTextDocument, raw: str, drafted: Sequence[tuple[int, int]]
     positions, shown = [], []
     block = document.begin()
     while block.isValid():  # every block, code and list items and table cells too, separated by "\n"
-        positions += range(block.position(), block.position() + len(block.text()) + 1)
+        positions += [*range(block.position(), block.position() + len(block.text())), -1]  # -1: the separator
         shown.append(block.text() + "\n")
         block = block.next()
     is_drafted = bytearray(len(raw))
     for start, end in drafted:
         is_drafted[start:end] = b"\x01" * (end - start)
-    marked = [p for p, source in zip(positions, align_shown(raw, "".join(shown))) if source >= 0 and is_drafted[source]]
+    marked = [p for p, source in zip(positions, align_shown(raw, "".join(shown))) if p >= 0 and source >= 0 and is_drafted[source]]
     fmt = QTextCharFormat()
     fmt.setBackground(colour)
     cursor = QTextCursor(document)
