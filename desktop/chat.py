@@ -23,9 +23,10 @@ keeps drafted-token shading, footers, links and code blocks readable.
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
@@ -685,6 +686,7 @@ def _footer(m: StoredMessage) -> str | None:
 RenderKey = tuple[str, tuple[tuple[int, int], ...]]  # a message's text and its drafted runs (offsets in it)
 ALIGN_WINDOW = 400  # markdown syntax skipped between two shown characters: a link's address, a fence line
 ALIGN_PIECE = 8  # characters matched at once where they can be
+ALIGN_STRETCH = 64  # characters first tried where the last match ended
 
 
 @dataclass(frozen=True)
@@ -698,11 +700,15 @@ class Rendered:
     def of(cls, text: str, drafted: Sequence[tuple[int, int]], theme: TranscriptTheme) -> Rendered:
         """``drafted``: runs ``[start, end)`` of ``text`` that came from accepted drafts, shaded
         where they show (the markdown syntax among them does not)."""
+        markdown, origin = markdown_source(text)
         source = QTextDocument()
-        source.setMarkdown(text)
+        source.setMarkdown(markdown)
         _style_document(source, theme)
         if drafted:
-            _shade(source, text, drafted, QColor(theme.draft))
+            is_drafted = bytearray(len(text))
+            for start, end in drafted:
+                is_drafted[start:end] = b"\x01" * (end - start)
+            _shade(source, markdown, bytes(o >= 0 and is_drafted[o] for o in origin), QColor(theme.draft))
         return cls(QTextDocumentFragment(source), source.begin().blockFormat())
 
     def insert(self, cursor: QTextCursor) -> None:
@@ -712,6 +718,68 @@ class Rendered:
         block = cursor.block()
         cursor.insertFragment(self.fragment)
         QTextCursor(block).setBlockFormat(self.first_block)
+
+
+FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+
+
+def markdown_source(raw: str) -> tuple[str, list[int]]:
+    """``raw`` as the markdown the transcript parses, with each character's offset in ``raw`` (-1
+    for the characters added). Outside code (fenced blocks and backtick spans) two things change:
+    a ``<`` is escaped, since Qt's markdown takes ``<b>``, ``<div>`` or ``<select ...>`` for HTML and
+    drops them from the text (a user's pasted page, or an answer naming a tag, lost words); and a
+    line followed by another non-blank line ends in a hard break, as chat text means it (markdown
+    would run "2 eggs" and "1 cup flour" together into one line)."""
+    out: list[str] = []
+    origin: list[int] = []
+
+    def put(text: str, at: int) -> None:  # text taken from raw at offset at (-1: added)
+        out.append(text)
+        origin.extend(range(at, at + len(text)) if at >= 0 else [-1] * len(text))
+
+    lines = raw.splitlines(keepends=True)
+    fence: str | None = None  # the open fence's marker, inside a fenced block
+    at = 0
+    for i, line in enumerate(lines):
+        body = line.rstrip("\r\n")
+        opening = FENCE.match(body)
+        if fence is not None or opening:
+            put(line, at)
+            if fence is None:
+                fence = opening.group(1)
+            elif opening and opening.group(1)[0] == fence[0] and len(opening.group(1)) >= len(fence) \
+                    and not body.strip().strip(fence[0]):
+                fence = None
+        else:
+            _escape_outside_code(body, at, put)
+            following = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if body.strip() and following and not FENCE.match(lines[i + 1]) and not body.endswith("  "):
+                put("  ", -1)
+            put(line[len(body):], at + len(body))
+        at += len(line)
+    return "".join(out), origin
+
+
+def _escape_outside_code(text: str, at: int, put: Callable[[str, int], None]) -> None:
+    """``text`` (from raw offset ``at``) with ``<`` escaped, except inside backtick code spans."""
+    i = 0
+    while i < len(text):
+        if text[i] == "`":
+            run = len(text[i:]) - len(text[i:].lstrip("`"))
+            close = text.find("`" * run, i + run)
+            while close >= 0 and text[close + run:close + run + 1] == "`":  # a longer run does not close it
+                close = text.find("`" * run, close + run + 1)
+            end = close + run if close >= 0 else i + run
+            put(text[i:end], at + i)
+            i = end
+        elif text[i] == "<":
+            put("\\", -1)
+            put("<", at + i)
+            i += 1
+        else:
+            j = min([k for k in (text.find("`", i), text.find("<", i)) if k >= 0], default=len(text))
+            put(text[i:j], at + i)
+            i = j
 
 
 def drafted_runs(spans: Sequence[tuple[str, bool]], length: int) -> tuple[tuple[int, int], ...]:
@@ -737,7 +805,9 @@ def align_shown(raw: str, shown: str, window: int = ALIGN_WINDOW) -> list[int]:
     out: list[int] = []
     i, n = 0, 0
     while n < len(shown):
-        size, j = min(ALIGN_PIECE, len(shown) - n), -1
+        size = min(ALIGN_STRETCH, len(shown) - n)
+        j = i if raw.startswith(shown[n:n + size], i) else -1  # text as it is: most of a message
+        size = size if j >= 0 else min(ALIGN_PIECE, len(shown) - n)
         while size > 1 and j < 0:  # the longest piece found as it is
             j = raw.find(shown[n:n + size], i, i + window + size)
             size = size if j >= 0 else size // 2
@@ -752,17 +822,15 @@ def align_shown(raw: str, shown: str, window: int = ALIGN_WINDOW) -> list[int]:
     return out
 
 
-def _shade(document: QTextDocument, raw: str, drafted: Sequence[tuple[int, int]], colour: QColor) -> None:
-    """Shade the characters of ``document`` (markdown made of ``raw``) that came from ``drafted``."""
+def _shade(document: QTextDocument, raw: str, is_drafted: bytes, colour: QColor) -> None:
+    """Shade the characters of ``document`` (markdown made of ``raw``) whose ``raw`` character is
+    marked in ``is_drafted``."""
     positions, shown = [], []
     block = document.begin()
     while block.isValid():  # every block, code and list items and table cells too, separated by "\n"
         positions += [*range(block.position(), block.position() + len(block.text())), -1]  # -1: the separator
         shown.append(block.text() + "\n")
         block = block.next()
-    is_drafted = bytearray(len(raw))
-    for start, end in drafted:
-        is_drafted[start:end] = b"\x01" * (end - start)
     marked = [p for p, source in zip(positions, align_shown(raw, "".join(shown))) if p >= 0 and source >= 0 and is_drafted[source]]
     fmt = QTextCharFormat()
     fmt.setBackground(colour)

@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QApplication, QMenu, QTextBrowser  # noqa: E402
 
 from backends.core.types import RunStats  # noqa: E402
 from backends.models.catalog import resolve_model  # noqa: E402
-from desktop.chat import ChatPanel, Rendered, TranscriptTheme, align_shown, drafted_runs  # noqa: E402
+from desktop.chat import ChatPanel, Rendered, TranscriptTheme, align_shown, drafted_runs, markdown_source  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from desktop.store import ConversationStore, StoredMessage  # noqa: E402
 from tests.desktop_kit import (ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, ask, close_window, home,  # noqa: E402,F401
@@ -295,6 +295,29 @@ def test_shaded_drafted_tokens_sit_in_the_rendered_markdown_and_code_keeps_its_i
     shaded = "".join(f.text() for _, f in fragments(browser) if f.charFormat().background().color().name() == theme.draft)
     assert shaded == "them weekly.print    if plant.dry:"  # the drafted text, in order, and nothing else
     assert drafted_runs(spans, len(raw) - 5)[-1][1] <= len(raw) - 5  # a finished answer cut short keeps runs inside
+
+
+def test_html_and_line_breaks_in_a_message_show_as_written_and_code_stays_code(qtbot):
+    """Qt's markdown took tags for HTML and dropped them ("<select ...>" pasted by a user vanished,
+    "the <br> tag" lost its tag) and ran single lines together; code spans and blocks are unchanged."""
+    cases = {
+        "Fix my page:\n<select id=\"a\"><option>1</option></select>\nplease":
+            "Fix my page:\n<select id=\"a\"><option>1</option></select>\nplease",
+        "Use the <br> tag.\nIngredients:\n2 eggs\n1 cup flour\n\nThen bake.":
+            "Use the <br> tag.\nIngredients:\n2 eggs\n1 cup flour\nThen bake.",
+        "Inline `<b>` and ``a`b``.\n```html\n<div>\n  x\n</div>\n```\nafter <p>":
+            "Inline <b> and a`b.\n<div>\n  x\n</div>\nafter <p>",
+    }
+    theme = TranscriptTheme("#0000ff", "#777777", "#c2e1c5", "#eeeeee", "#c0392b")
+    for raw, expected in cases.items():
+        browser = QTextBrowser()
+        qtbot.addWidget(browser)
+        Rendered.of(raw, ((0, len(raw)),), theme).insert(QTextCursor(browser.document()))
+        assert browser.toPlainText() == expected
+        shaded = "".join(f.text() for _, f in fragments(browser) if f.charFormat().background().color().name() == theme.draft)
+        assert shaded == expected.replace("\n", "")  # every character shown, all drafted: all shaded
+        source, origin = markdown_source(raw)
+        assert all(o < 0 or source[k] == raw[o] for k, o in enumerate(origin))  # offsets point at the same text
 
 
 def test_the_shown_text_is_placed_in_the_markdown_it_came_from():
