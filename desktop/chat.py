@@ -287,9 +287,11 @@ class ChatPanel(QWidget):
         self.redraw()
 
     def new_chat(self) -> None:
+        """A new conversation; the open one if it is still empty (New chat pressed twice makes one)."""
         if self.streaming:
             return
-        self.open(self.store.create())
+        if self.messages or self.conversation is None:
+            self.open(self.store.create())
         self.input.setFocus()
 
     def delete_chat(self, conversation: int | None = None) -> None:

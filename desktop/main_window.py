@@ -125,6 +125,7 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.stop)
         QShortcut(QKeySequence("Ctrl+PgDown"), self, activated=lambda: self._next_tab(1))
         QShortcut(QKeySequence("Ctrl+PgUp"), self, activated=lambda: self._next_tab(-1))
+        QShortcut(QKeySequence.StandardKey.New, self, activated=self._new_chat)  # Ctrl+N
         run_job(self, detect_hardware, self._on_hardware, lambda msg: self.show_error("Hardware detection failed", msg))
         model = autoload and (self.settings.value("model/last", autoload) or autoload)
         if model:
@@ -259,6 +260,11 @@ class MainWindow(QMainWindow):
         dock.setWidget(widget)
         self.addDockWidget(area, dock)
         return dock
+
+    def _new_chat(self) -> None:
+        """A new conversation, shown with the cursor in its message box (not while one streams)."""
+        self.tabs.setCurrentWidget(self.chat)
+        self.chat.new_chat()
 
     def _next_tab(self, step: int) -> None:
         self.tabs.setCurrentIndex((self.tabs.currentIndex() + step) % self.tabs.count())

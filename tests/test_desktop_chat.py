@@ -163,6 +163,11 @@ def test_conversations_are_renamed_in_place_exported_as_markdown_and_deleted_fro
     menu.close()
     chat.delete_chat(second)  # the menu's Delete: not the open conversation
     assert titles() == ["Fruit talk"] and chat.conversation == first
+    chat.new_chat()
+    fresh = chat.conversation
+    chat.new_chat()  # pressed again on the empty new chat: no second empty one
+    assert fresh != first and chat.conversation == fresh and len(titles()) == 2
+    chat.open(first)
     store.close()
 
     old = tmp_path / "old.sqlite3"  # a store written before titles could be renamed opens and renames

@@ -71,6 +71,13 @@ def test_tab_leaves_the_text_boxes_and_ctrl_enter_runs_a_comparison(qtbot, windo
     assert compare.table.rowCount() == len(compare.methods())
     assert box.toPlainText() == "Hello" and chat.messages == []  # the chat sent nothing
 
+    # Ctrl+N from the comparison goes to a new chat with the cursor in its box; the open chat is
+    # still empty, so it is the new one (no pile of empty chats).
+    before, listed = chat.conversation, chat.list.count()
+    qtbot.keyClick(compare.prompt, Qt.Key.Key_N, CTRL)
+    assert tabs.currentWidget() is chat and window.focusWidget() is box
+    assert chat.conversation == before and chat.list.count() == listed
+
 
 # -- 12: smaller ----------------------------------------------------------------------------------
 def test_a_long_message_shows_how_far_its_prompt_has_been_read(qtbot, window):
