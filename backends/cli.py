@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_args(chat, many=False)
 
     models = sub.add_parser("models", help="list, locate and derive models")
-    msub = models.add_subparsers(dest="models_command", required=True)
+    msub = models.add_subparsers(dest="models_command")  # none: list, what "specdeck models" alone should say
+    models.set_defaults(models_command="list", json=False)
     mlist = msub.add_parser("list", help="known model ids, paths, sizes, presence")
     mlist.add_argument("--json", action="store_true")
     mpath = msub.add_parser("path", help="print a model's path (deriving it first if needed)")

@@ -80,6 +80,8 @@ def test_models_list_json_and_path():
     assert "llama, Q4_1" in info and "gpt2 49152 tokens" in info and "layers 30" in info
     meta = json.loads(specdeck("models", "info", path, "--json").stdout)
     assert meta["file_type"] == "F16" and len(meta["tensors"]) == 272
+    alone = specdeck("models")  # no subcommand: the list, not a usage error
+    assert alone.returncode == 0 and alone.stdout.startswith("smollm2-135m-q4_1 ")
 
 
 def test_prompt_selection_groups_mt_bench():
