@@ -701,7 +701,8 @@ class Rendered:
     @classmethod
     def of(cls, text: str, drafted: Sequence[tuple[int, int]], theme: TranscriptTheme) -> Rendered:
         """``drafted``: runs ``[start, end)`` of ``text`` that came from accepted drafts, shaded
-        where they show (the markdown syntax among them does not)."""
+        where they show (the markdown syntax among them does not; ``markdown_source`` says which
+        character of ``text`` each one of what is parsed came from)."""
         markdown, origin = markdown_source(text)
         source = QTextDocument()
         source.setMarkdown(markdown)
@@ -824,16 +825,17 @@ def align_shown(raw: str, shown: str, window: int = ALIGN_WINDOW) -> list[int]:
     return out
 
 
-def _shade(document: QTextDocument, raw: str, is_drafted: bytes, colour: QColor) -> None:
-    """Shade the characters of ``document`` (markdown made of ``raw``) whose ``raw`` character is
-    marked in ``is_drafted``."""
+def _shade(document: QTextDocument, markdown: str, is_drafted: bytes, colour: QColor) -> None:
+    """Shade the characters of ``document`` (made of ``markdown``) whose character in ``markdown``
+    is marked in ``is_drafted``."""
     positions, shown = [], []
     block = document.begin()
     while block.isValid():  # every block, code and list items and table cells too, separated by "\n"
         positions += [*range(block.position(), block.position() + len(block.text())), -1]  # -1: the separator
         shown.append(block.text() + "\n")
         block = block.next()
-    marked = [p for p, source in zip(positions, align_shown(raw, "".join(shown))) if p >= 0 and source >= 0 and is_drafted[source]]
+    where = align_shown(markdown, "".join(shown))
+    marked = [p for p, source in zip(positions, where) if p >= 0 and source >= 0 and is_drafted[source]]
     fmt = QTextCharFormat()
     fmt.setBackground(colour)
     cursor = QTextCursor(document)
