@@ -36,6 +36,7 @@ from collections import deque
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QTimer
+from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from backends.core.types import Step
@@ -55,6 +56,29 @@ def follow_palette(widget: QWidget) -> None:
     """Plots in the system's light or dark colours instead of pyqtgraph's fixed black."""
     palette = widget.palette()
     pg.setConfigOptions(background=palette.base().color(), foreground=palette.text().color(), antialias=True)
+
+
+def paint_plot(plot: pg.PlotItem, text: QColor) -> None:
+    """A plot's axes, title, legend and labels in ``text`` (its curves keep their own colours)."""
+    for side in ("left", "bottom", "right"):
+        axis = plot.getAxis(side)
+        axis.setPen(text)
+        axis.setTextPen(text)
+        if axis.labelText:
+            axis.setLabel(axis.labelText, color=text.name())
+    if plot.titleLabel.text:
+        plot.setTitle(plot.titleLabel.text, color=text)
+    if plot.legend is not None:
+        plot.legend.setLabelTextColor(text)  # for entries added later; it does not redraw these:
+        for _, label in plot.legend.items:
+            label.setText(label.text, color=text)
+
+
+def paint_plot_widget(widget: pg.PlotWidget, palette: QPalette) -> None:
+    """A whole ``PlotWidget`` (the comparison's bars, the train dialog's curves) in ``palette``'s
+    base and text colours, as the live charts are: they follow a light/dark switch too."""
+    widget.setBackground(palette.base().color())
+    paint_plot(widget.getPlotItem(), palette.text().color())
 
 
 class LiveCharts(QWidget):
@@ -184,17 +208,7 @@ class LiveCharts(QWidget):
         background, text = palette.base().color(), palette.text().color()
         self.view.setBackground(background)
         for plot in self.plots:
-            for side in ("left", "bottom", "right"):
-                axis = plot.getAxis(side)
-                axis.setPen(text)
-                axis.setTextPen(text)
-                if axis.labelText:
-                    axis.setLabel(axis.labelText, color=text.name())
-            plot.setTitle(plot.titleLabel.text, color=text)
-            if plot.legend is not None:
-                plot.legend.setLabelTextColor(text)  # for entries added later; it does not redraw these:
-                for _, label in plot.legend.items:
-                    label.setText(label.text, color=text)
+            paint_plot(plot, text)
         self.reference.label.setColor(text)
         for note in self._status_notes:
             note.setColor(text)

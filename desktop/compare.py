@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -44,6 +44,7 @@ from backends.core.types import Finished, Step
 from backends.drafters import FIRST_COMPARED, REGISTRY
 from backends.models.paths import data_dir
 from backends.remote.client import ServerConfig
+from desktop.charts import PALETTE_EVENTS, paint_plot_widget
 from desktop.forms import PromptBox
 from desktop.panels import ScrollColumn
 from desktop.worker import CompareDone, CompareEvent, CompareRow
@@ -151,6 +152,7 @@ class ComparePanel(QWidget):
         self.chart.setMenuEnabled(False)
         self.chart.setLabel("bottom", "decode tok/s")
         self.chart.setLabel("left", "method")
+        paint_plot_widget(self.chart, self.palette())
         self.export_csv = QPushButton("Export CSV")
         self.export_csv.clicked.connect(lambda: self._export("csv"))
         self.export_json = QPushButton("Export JSON")
@@ -266,6 +268,12 @@ class ComparePanel(QWidget):
         methods = () if self.server else self.methods()
         self._start((self.server, *(c.name for c in self.chosen_servers())) if self.server else methods)  # the panes
         self.run_requested.emit(text, methods)
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        """The system switched light/dark: the bar chart follows, as the live charts do."""
+        if event.type() in PALETTE_EVENTS and hasattr(self, "chart"):
+            paint_plot_widget(self.chart, self.palette())
+        super().changeEvent(event)
 
     def _start(self, methods: tuple[str, ...]) -> None:
         self.running = True

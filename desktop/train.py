@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pyqtgraph as pg
-from PySide6.QtCore import QProcess, QProcessEnvironment, Signal
+from PySide6.QtCore import QEvent, QProcess, QProcessEnvironment, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.addons import AddonOffer
+from desktop.charts import PALETTE_EVENTS, paint_plot_widget
 from desktop.library import torch_installed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,6 +104,7 @@ class TrainDialog(QDialog, AddonOffer):
         self.agree_plot = pg.PlotWidget(title="held-out agreement per guess ahead")
         self.agree_plot.setYRange(0, 1)
         self.agree_plot.addLegend(offset=(5, 5))
+        self._paint_plots()
         self.agree_curves: list = []
         self.loss_points: tuple[list[float], list[float]] = ([], [])
         self.agree_points: list[tuple[list[float], list[float]]] = []
@@ -118,6 +120,16 @@ class TrainDialog(QDialog, AddonOffer):
         self.resize(760, 520)
 
     # -- choosing ------------------------------------------------------------------------------
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        """The system switched light/dark while training: the curves' plots follow."""
+        if event.type() in PALETTE_EVENTS and hasattr(self, "agree_plot"):
+            self._paint_plots()
+        super().changeEvent(event)
+
+    def _paint_plots(self) -> None:
+        for plot in (self.loss_plot, self.agree_plot):
+            paint_plot_widget(plot, self.palette())
+
     def _pick_file(self, row: int) -> None:
         if self.data.itemData(row):
             return

@@ -22,6 +22,7 @@ from backends.models.catalog import resolve_model  # noqa: E402
 from desktop.chat import ChatPanel, Rendered, TranscriptTheme, align_shown, drafted_runs, markdown_source  # noqa: E402
 from desktop.main_window import MainWindow  # noqa: E402
 from desktop.store import ConversationStore, StoredMessage  # noqa: E402
+from desktop.train import TrainDialog  # noqa: E402
 from tests.desktop_kit import (ANSWER_TIMEOUT, LOAD_TIMEOUT, Recorder, ask, close_window, home,  # noqa: E402,F401
                                open_window, stored, window)
 
@@ -262,11 +263,18 @@ def test_charts_and_transcript_follow_a_palette_switch(qtbot, window):
     original = app.palette()
     light_charts = chart_colours(window)
     assert light_charts[0] == original.base().color().name()
+    dialog = TrainDialog("smollm2-135m-f16", "eagle", window)  # open through the switch, as a training run may be
+    qtbot.addWidget(dialog)
+    plots = (window.compare.chart, dialog.loss_plot, dialog.agree_plot)  # every other plot follows too
+    plot_colours = lambda: {(p.backgroundBrush().color().name(), p.getAxis("left").textPen().color().name())  # noqa: E731
+                            for p in plots}
+    assert plot_colours() == {(original.base().color().name(), original.text().color().name())}
     dark = dark_palette()
     try:
         app.setPalette(dark)
         qtbot.waitUntil(lambda: chart_colours(window)[0] == "#1b1b1d", timeout=2000)
         assert chart_colours(window) == ("#1b1b1d",) + ("#e8eaed",) * 5
+        qtbot.waitUntil(lambda: plot_colours() == {("#1b1b1d", "#e8eaed")}, timeout=2000)
         colours = transcript_colours(chat)
         theme = chat.theme
         assert chat.transcript.palette().base().color().name() == "#1b1b1d"
