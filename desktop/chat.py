@@ -329,6 +329,7 @@ class ChatPanel(QWidget):
             return
         conversation = item.data(Qt.ItemDataRole.UserRole)
         menu = QMenu(self)
+        menu.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)  # one menu a right-click, gone once closed
         menu.addAction("Rename", lambda: self.rename_chat(conversation))
         menu.addAction("Export as Markdown ...", lambda: self._export_dialog(conversation))
         delete = menu.addAction("Delete", lambda: self.delete_chat(conversation))
