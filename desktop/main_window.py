@@ -119,6 +119,8 @@ class MainWindow(QMainWindow):
         self._build(store)
         if self._startup_error:
             self.show_error("llama.cpp cannot run on this PC", self._startup_error, sticky=True)
+        if store.recovered:
+            self.show_error("Conversations", store.recovered, sticky=True)
         if self._startup_note:
             self.statusBar().showMessage(f"Note: {self._startup_note}", 60000)
         self._restore()

@@ -47,13 +47,29 @@ class ConversationStore:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or data_dir() / "conversations.sqlite3"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path)
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(conversations)")}
-        if "named" not in columns:  # a store written before titles could be renamed
-            with self._db:
-                self._db.execute("ALTER TABLE conversations ADD COLUMN named INTEGER NOT NULL DEFAULT 0")
+        self.recovered: str | None = None  # what was done with a file that could not be read, for the window to say
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:  # not a database, or damaged: kept aside, never deleted
+            kept = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+            self.path.replace(kept)
+            self.recovered = (f"the saved conversations could not be read ({exc}); the file is kept as {kept} "
+                              "and a new one was started")
+            self._db = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path)
+        try:
+            db.execute("PRAGMA foreign_keys = ON")
+            db.executescript(_SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(conversations)")}
+            if "named" not in columns:  # a store written before titles could be renamed
+                with db:
+                    db.execute("ALTER TABLE conversations ADD COLUMN named INTEGER NOT NULL DEFAULT 0")
+        except sqlite3.DatabaseError:
+            db.close()  # before the file is moved aside (Windows keeps an open file in place)
+            raise
+        return db
 
     def close(self) -> None:
         self._db.close()

@@ -15,6 +15,7 @@ from backends.hardware.gpus import NvmlSession  # noqa: E402
 from backends.models.llama_lib import gpu_runtime  # noqa: E402
 from backends.models.catalog import resolve_model  # noqa: E402
 from desktop.charts import NO_GPU  # noqa: E402
+from desktop.store import StoredMessage  # noqa: E402
 from tests.desktop_kit import (ANSWER_TIMEOUT, BUNDLED, LOAD_TIMEOUT, Recorder, close_window,  # noqa: E402,F401
                                home, open_window, send, window)
 from tests.hw_replay import load_replay  # noqa: E402
@@ -187,6 +188,24 @@ def test_corrupt_model_shows_an_error_and_the_app_keeps_working(qtbot, window, h
     window.sampling.max_tokens.setValue(8)
     send(qtbot, window, "Hello again.")
     qtbot.waitUntil(rec.done, timeout=ANSWER_TIMEOUT)
+
+
+def test_an_unreadable_conversations_file_is_kept_aside_and_the_window_opens(qtbot, home):
+    """A damaged conversations file (a partial copy, a disk error) stopped the app at start with a
+    traceback; now it is renamed, never deleted, the banner says where it is, and chat goes on."""
+    damaged = home / "conversations.sqlite3"
+    damaged.write_bytes(b"not a database " * 100)
+    window = open_window(qtbot, home, autoload=None)
+    try:
+        kept = [p for p in home.iterdir() if p.name.startswith("conversations.sqlite3.unreadable-")]
+        assert len(kept) == 1 and kept[0].read_bytes() == b"not a database " * 100
+        assert "could not be read" in window.error_text() and kept[0].name in window.error_text()
+        window.chat.new_chat()
+        window.chat.messages.append(StoredMessage("user", "Still here?"))
+        window.chat.save()
+        assert [c.title for c in window.chat.store.list()][0] == "Still here?"  # the new file works
+    finally:
+        close_window(window)
 
 
 def test_conversation_and_settings_survive_a_restart(qtbot, home):
