@@ -416,6 +416,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from backends.chat import ChatState, chat_loop
     from backends.core.types import GenerationSettings, SamplingSettings
     from backends.factory import Session
+    from backends.hardware.commands import named_as_given
 
     sampling = SamplingSettings(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                 min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
@@ -426,8 +427,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not session.costs_known():
             print("checking what verification costs on this machine (measured once per model) ...", file=sys.stderr)
         session.drafter(args.method, sampling, **_method_settings(args.set).get(args.method, {}))  # fail early
-        given = Path(args.model).name  # as the user named it (the file's general.name can be a training run's)
-        shown = given if given == session.model.path.name else f"{given} ({session.model.path.name})"
+        shown = named_as_given(args.model, session.model.path.name)  # not general.name: it can be a training run's
         print(f"SpecDeck chat · {shown} · method {args.method} · "
               f"context {session.target.n_ctx} · /help for commands, Ctrl+C stops an answer, Ctrl+D quits",
               file=sys.stderr)

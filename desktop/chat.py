@@ -314,9 +314,10 @@ class ChatPanel(QWidget):
             self.list.editItem(item)
 
     def _renamed(self, item: QListWidgetItem) -> None:
-        if item.text() == item.toolTip():  # some other change of the item: the title is as stored
+        conversation = item.data(Qt.ItemDataRole.UserRole)
+        if item.text() == self.store.title(conversation):  # some other change of the item
             return
-        self.store.rename(item.data(Qt.ItemDataRole.UserRole), item.text())
+        self.store.rename(conversation, item.text())
         QTimer.singleShot(0, self.reload_list)  # not from inside the item's own signal: the list is rebuilt
 
     def _item_of(self, conversation: int) -> QListWidgetItem | None:
@@ -337,7 +338,7 @@ class ChatPanel(QWidget):
         menu.popup(self.list.viewport().mapToGlobal(point))
 
     def _export_dialog(self, conversation: int) -> None:
-        title = next((c.title for c in self.store.list() if c.id == conversation), "conversation")
+        title = self.store.title(conversation)
         safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in title).strip() or "conversation"
         path, _ = QFileDialog.getSaveFileName(self, "Export conversation", str(Path.home() / f"{safe}.md"),
                                               "Markdown (*.md);;All files (*)")
@@ -352,8 +353,8 @@ class ChatPanel(QWidget):
     def export_markdown(self, conversation: int, path: Path) -> None:
         """Write the conversation as it is stored (title, system prompt, each turn with its
         answer's stats line) to ``path`` as Markdown."""
-        title = next((c.title for c in self.store.list() if c.id == conversation), "Conversation")
-        text = conversation_markdown(title, self.store.system(conversation), self.store.messages(conversation))
+        text = conversation_markdown(self.store.title(conversation) or "Conversation", self.store.system(conversation),
+                                     self.store.messages(conversation))
         path.write_text(text, encoding="utf-8")
 
     def save(self) -> None:

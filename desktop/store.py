@@ -89,6 +89,10 @@ class ConversationStore:
                                 (conversation,))
         return [StoredMessage(r, c, json.loads(s) if s else None) for r, c, s in rows]
 
+    def title(self, conversation: int) -> str:
+        row = self._db.execute("SELECT title FROM conversations WHERE id = ?", (conversation,)).fetchone()
+        return row[0] if row else ""
+
     def system(self, conversation: int) -> str:
         row = self._db.execute("SELECT system FROM conversations WHERE id = ?", (conversation,)).fetchone()
         return row[0] if row else ""

@@ -123,7 +123,7 @@ def measured_costs(shape, gpu_layers: int):
 
 
 def format_fit(report: FitReport, measured: dict | None = None, *, given: str = "") -> str:
-    lines = [f"{_named(given, report.model)} at {report.n_ctx} tokens of context: {report.label}"]
+    lines = [f"{named_as_given(given, report.model)} at {report.n_ctx} tokens of context: {report.label}"]
     for device in sorted({t.device for t in report.terms}):
         used, cap = report.device_bytes(device), report.available.get(device)
         room = f" of {cap / MiB:,.0f} MiB usable" if cap is not None else ""
@@ -170,9 +170,10 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
-def _named(given: str, internal: str) -> str:
-    """The model as the user named it (an id, or a file's name), then the file's own ``general.name``
-    in brackets where it says something else: users tell their files apart by the names they gave."""
+def named_as_given(given: str, internal: str) -> str:
+    """The model as the user named it (an id, or a file's name), then ``internal`` (the file's own
+    ``general.name``, or its file name) in brackets where it says something else: users tell their
+    files apart by the names they gave."""
     name = Path(given).name if given else internal
     return name if internal in ("", name) else f"{name} ({internal})"
 
@@ -181,7 +182,7 @@ def _recommendations_text(given: str, result) -> str:
     """The ranking as a table whose columns line up, named as the user named the model; each draft file that
     cannot serve is listed once, under the table, not inside every method that needs one; the
     reasons wrap at the terminal's width."""
-    lines = [f"{_named(given, result.model)}, task {result.task}: plain decoding about {result.plain_tok_s:.0f} tok/s, {result.plain_basis}"]
+    lines = [f"{named_as_given(given, result.model)}, task {result.task}: plain decoding about {result.plain_tok_s:.0f} tok/s, {result.plain_basis}"]
     number = len(str(len(result.ranked))) + 1  # "9." or "14."
     width = max(len(r.method) for r in result.ranked)
     columns, indent = max(60, shutil.get_terminal_size().columns - 1), " " * (number + 1)
