@@ -212,6 +212,40 @@ def test_a_losing_head_catches_up_on_recent_rows_only(oracle_eagle, pays):
     assert drafter.cache.committed == (200 if pays else IDLE_ROWS)
 
 
+def test_reading_a_backlog_of_states_is_not_charged_to_one_step(oracle_eagle):
+    """The head's catch-up on the prompt's states is paid once for all the steps after it: charged
+    to the answer's first step (here 10 target forwards of head time for 200 rows), it made a head
+    that pays step by step look like a loss and the gate shut it (SmolLM2 F16: 0.98x where a chain
+    of one guess ran 1.19x). The steps' own catch-up and levels stay charged."""
+    from backends.core.controller import RUN, Bandit
+
+    class Recorded(Bandit):
+        def update(self, arm, gain, cost):
+            charged.append(cost)
+            super().update(arm, gain, cost)
+
+    now, per_row, charged = [0.0], 0.05, []  # a head row costs a twentieth of a target forward (COSTS: 1 s)
+    head = EagleHead(oracle_eagle, embed)
+    forward = head.forward
+
+    def timed_forward(feats, tokens, *args, **kwargs):
+        now[0] += per_row * len(tokens)
+        return forward(feats, tokens, *args, **kwargs)
+
+    head.forward = timed_forward
+    prompt = np.random.default_rng(3).integers(0, VOCAB, size=201).tolist()
+    gate = Recorded([RUN], baseline="off", min_tries=16, decay=0.99, try_loss=0.5)  # TreeSteps' own
+    drafter = EagleDrafter(head, EagleSettings(), costs=COSTS, gate=gate, clock=lambda: now[0])
+    oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE, n_ctx=2048)
+    final = list(generate(oracle, drafter, prompt, GenerationSettings(max_new_tokens=40)))[-1]
+    assert list(final.tokens) == plain_greedy(OracleTarget(VOCAB, seed=7, hidden_size=WIDE), prompt, 40,
+                                              SamplingSettings())
+    backlog = 200 * per_row
+    assert now[0] > backlog and charged  # the backlog was read, and the steps drafted
+    # a step: its verify (at most 1.4 forwards) and its own rows and levels (at most 1 + 4 x 4 rows)
+    assert max(charged) < 1.4 + 17 * per_row < backlog, charged
+
+
 @pytest.mark.parametrize("level", [0.002, 0.02, 5.0], ids=["cheap", "dear", "dearer-than-any-guess"])
 def test_the_tree_grows_no_deeper_than_its_nodes_or_a_levels_cost_allow(oracle_eagle, level):
     """Every tree level is a head forward (on 2 CPU cores a numpy EAGLE level cost 0.28 of a
@@ -252,7 +286,7 @@ def test_the_tree_grows_no_deeper_than_its_nodes_or_a_levels_cost_allow(oracle_e
             drafter.cache.drop_scratch()
         depths = depth_list(tree.parents.tolist())
         best = [max(p for p, d in zip(tree.probs, depths) if d == depth) for depth in range(1, max(depths) + 1)]
-        return len(forwards), best, drafter.child_odds
+        return len(forwards), best, drafter.levels.odds
 
     deep = EagleSettings(top_k=2, expand=2, depth=5, max_nodes=24, min_chance=0.0)
     assert levels(replace(deep, max_nodes=2, adaptive=False))[0] == 1  # depth 2 only
@@ -265,6 +299,77 @@ def test_the_tree_grows_no_deeper_than_its_nodes_or_a_levels_cost_allow(oracle_e
         assert grown == 0  # no guess is likelier than 1: only the root's children, from the catch-up
     elif level > 0.01:
         assert 0 < grown < 4  # this head: best parent times odds 0.04, 0.04, 0.004 at depths 2-4
+
+
+def test_a_later_answer_starts_from_what_earlier_ones_measured_a_level_to_cost(oracle_eagle):
+    """A session builds a drafter per answer; what a tree level costs and offers is kept with its
+    sizer and gate. Measured afresh, every answer's first step grew its levels as if they were free
+    (SmolLM2's numpy head: 1.3 target forwards at the first step of each answer)."""
+    import time
+
+    from backends.core.controller import ONE
+    from backends.core.costs import CostModel
+    from backends.drafters import DrafterResources, method_spec
+
+    fast = CostModel.from_relative([0.001 * (1 + 0.05 * k) for k in range(25)])  # a target forward: 1 ms
+    res = DrafterResources(SamplingSettings(), VOCAB, costs=lambda: fast, head=lambda kind, file: oracle_eagle,
+                           embeddings=lambda: embed, offers=frozenset({"head:eagle"}))
+    spec = method_spec("eagle2")
+    settings = replace(spec.settings(), top_k=2, expand=2, min_chance=0.0)
+    first = spec.build(settings, res)
+    first.gate.update(ONE, 1.0, 10.0)  # one guess a step lost: its tries are spent, the trees are tried
+    forwards, forward = [], first.head.forward
+
+    def dear_forward(feats, tokens, *args, **kwargs):
+        forwards.append(len(tokens))
+        time.sleep(0.01)  # ten target forwards: no level can pay
+        return forward(feats, tokens, *args, **kwargs)
+
+    first.head.forward = dear_forward
+    budget = Budget.for_step(TargetLimits(max_batch=64, max_paths=8), room=100, wanted=100)
+    prompt = oracle_prompt(5)
+    hidden = np.random.default_rng(4).normal(size=(len(prompt) - 1, WIDE)).astype(np.float32)
+    first.begin(prompt, hidden)
+    first.propose(prompt, budget)
+    assert len(forwards) > 1 and first.levels.seconds >= 0.01  # the catch-up, then levels grown blind
+    later = spec.build(settings, res)
+    assert later.head is first.head and later.levels is first.levels
+    forwards.clear()
+    later.begin(prompt, hidden)
+    later.propose(prompt, budget)
+    assert forwards == [len(prompt) - 1]  # the catch-up only
+
+
+def test_the_one_guess_arm_verifies_the_likeliest_guess_alone_and_grows_nothing(oracle_eagle):
+    """Beside sized trees a head's gate plays one guess a step, the catch-up's likeliest token, with
+    no tree level run (on 2 CPU cores the cheapest drafting, and the one that paid: SmolLM2 F16's
+    EAGLE-3 head 1.09x where sized trees had the gate shut); each arm is scored on its own steps."""
+    from backends.core.controller import ONE, RUN, Bandit
+
+    def step(arm: str):
+        gate = Bandit([ONE, RUN], baseline="off", min_tries=1, explore_share=0.0)
+        gate.update(arm, 50.0, 1.0)  # this arm pays
+        gate.update(ONE if arm == RUN else RUN, 1.0, 10.0)  # the other lost
+        head = EagleHead(oracle_eagle, embed)
+        forwards, forward = [], head.forward
+
+        def counted(feats, tokens, *args, **kwargs):
+            forwards.append(len(tokens))
+            return forward(feats, tokens, *args, **kwargs)
+
+        head.forward = counted
+        drafter = EagleDrafter(head, EagleSettings(min_chance=0.0), costs=COSTS, gate=gate)
+        prompt = oracle_prompt(5)
+        drafter.begin(prompt, np.random.default_rng(4).normal(size=(len(prompt) - 1, WIDE)).astype(np.float32))
+        budget = Budget.for_step(TargetLimits(max_batch=64, max_paths=8), room=100, wanted=100)
+        proposal = drafter.propose(prompt, budget)
+        return proposal, forwards, drafter
+
+    one, forwards, drafter = step(ONE)
+    assert one.size == 1 and list(one.parents) == [-1] and len(forwards) == 1  # the catch-up alone
+    assert one.tokens[0] == drafter.head.vocab[int(np.argmax(drafter._frontier[2]))]  # its likeliest token
+    tree, forwards, _ = step(RUN)
+    assert tree.size > 1 and len(forwards) > 1  # the sized tree grows levels
 
 
 def test_the_fit_estimator_counts_the_eagle_head_and_its_cache(tmp_path, monkeypatch, smollm_q4_path):

@@ -347,6 +347,20 @@ def test_plain_decoding_moves_the_machine_level_not_the_price_of_a_batch():
     assert costs.seconds(0, 64) == pytest.approx(0.006, rel=0.05)
 
 
+def test_batches_seen_before_the_level_was_learned_do_not_keep_its_error():
+    # live forwards run 18% slower than the curve measured at the start; an answer's first steps
+    # draft, so batched forwards are seen before single ones have taught the level. Once they have,
+    # a drafted token is priced at what the curve says it adds (2%), not at 1.02 times the error
+    # (SmolLM2 F16 on 2 cores: 1.17-1.31 plain forwards where it cost 1.04-1.07)
+    costs = CostModel({64: [0.0100, 0.0102]})
+    for _ in range(10):
+        costs.observe(1, 64, 0.0102 * 1.18)
+    for _ in range(60):
+        costs.observe(0, 64, 0.0100 * 1.18)
+    assert costs.relative(64) == pytest.approx([1.0, 1.02], rel=0.01)
+    assert costs.seconds(1, 64) == pytest.approx(0.0102 * 1.18, rel=0.01)
+
+
 def test_cost_model_takes_a_curve_measured_later():
     # one curve: every context costs the same; a curve added at a long context bends the estimates
     # there, and the corrections learned against the old curve start over

@@ -215,25 +215,32 @@ class Bandit:
 
 
 RUN = "run"  # the gate's arm: let the drafter draft (its baseline: draft nothing)
+ONE = "one"  # an arm a drafter may offer beside it: draft one guess, its tree's likeliest node
 
 
 class TreeSteps:
     """Around a drafter whose drafting costs time (a lookup, a head's or a draft model's forwards):
     whether it drafts this step, how much of its ranked tree to verify, and what both teach.
 
-    Whether: the ``gate``, one ``Bandit`` arm against drafting nothing, scored per step drafted as
-    tokens over the verify's cost plus the drafter's own seconds, in plain forwards, so "cannot pay
-    here" is a measurement, not a flag; kept across a session's answers with a slow memory (about
-    100 steps: drafting that pays only in rare runs); 16 tries, a head's losing 1.5 steps count 3.
-    How much: the ``sizer``; a withheld tree goes to a ``Ledger``. Per step: ``open`` (False: don't
-    draft), rank, ``propose(tree)``, ``observe``; a drafter that sizes first calls ``drafted``.
-    Why an answer drafted nothing: ``declined``.
+    Whether: the ``gate``, a ``Bandit`` of ``arms`` against drafting nothing, scored per step drafted
+    as tokens over the verify's cost plus the drafter's own seconds, in plain forwards, so "cannot
+    pay here" is a measurement, not a flag; kept across a session's answers with a slow memory
+    (about 100 steps: drafting that pays only in rare runs); 16 tries, a head's losing 1.5 steps
+    count 3. How much: the ``sizer``; a withheld tree goes to a ``Ledger``. With the arm ``ONE``
+    (offered by a drafter whose every tree level costs time), a step verifies its likeliest guess
+    alone and ``limit`` tells the drafter to grow no further: the cheapest drafting there is,
+    measured beside the sizer's trees, whose estimates are noisiest exactly where the margin is
+    thin (SmolLM2 F16's EAGLE-3 head run by llama.cpp, 2 CPU cores: sized trees 0.97x with the gate
+    mostly shut, one guess a step 1.11x). Per step: ``open`` (False: don't draft), rank,
+    ``propose(tree)``, ``observe``; a drafter that sizes first calls ``drafted``. Why an answer
+    drafted nothing: ``declined``.
     """
 
     def __init__(self, costs: CostModel, *, max_nodes: int, adaptive: bool, prior: float = 0.7, sizer: Sizer | None = None,
-                 gate: Bandit | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 gate: Bandit | None = None, arms: Sequence[str] = (RUN,),
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.sizer = sizer or Sizer(costs, max_nodes=max_nodes, prior=prior)
-        self.gate = gate or Bandit([RUN], baseline="off", min_tries=16, decay=0.99, try_loss=0.5)
+        self.gate = gate or Bandit(arms, baseline="off", min_tries=16, decay=0.99, try_loss=0.5)
         self.costs, self.adaptive, self.clock = self.sizer.costs, adaptive, clock
         self.begin()
 
@@ -242,6 +249,8 @@ class TreeSteps:
         self._verified: tuple[RankedTree, int] | None = None  # this step's tree and how many nodes went
         self._context_len, self._start, self.quiet = 0, 0.0, False
         self._ran: float | None = None  # seconds spent drafting this step (None: it did not draft)
+        self._arm: str = RUN  # the gate's arm this step
+        self.limit: int | None = None  # most nodes this step verifies, when its arm sets one (``ONE``: 1)
         self._withheld = self._sent = False  # at some step of this answer the sizer sent nothing / some nodes
 
     @property
@@ -252,12 +261,18 @@ class TreeSteps:
         is owed the reason."""
         if self._sent or not self.adaptive:
             return ""
-        if self.gate.best() != RUN:
-            return (f"drafting lost to plain decoding here: {self.gate.speed(RUN):.2f}x its speed in the "
+        if self.losing:
+            speed = max(self.gate.speed(arm) for arm in self.gate.arms)
+            return (f"drafting lost to plain decoding here: {speed:.2f}x its speed in the "
                     "steps that drafted (it is re-tried now and then)")
         if self._withheld:
             return "no guess was likely enough to repay its verify on this machine's measured cost curve"
         return ""
+
+    @property
+    def losing(self) -> bool:
+        """The gate finds that no way of drafting beats drafting nothing here."""
+        return self.gate.best() == self.gate.baseline
 
     def open(self, context: Sequence[int], budget: Budget, *, ready: bool = True, lead: int = 0) -> bool:
         """A step starts: settle withheld trees; whether to draft now (``ready``: the drafter has what
@@ -267,7 +282,10 @@ class TreeSteps:
         self._verified = self._ran = None
         for tree, matched in self._ledger.resolve(context):
             self.sizer.update(tree, len(tree.tokens), matched)
-        if not (ready and budget.max_nodes > 0 and budget.max_depth > 0) or (self.adaptive and self.gate.choose() != RUN):
+        can = ready and budget.max_nodes > 0 and budget.max_depth > 0
+        self._arm = self.gate.choose() if can and self.adaptive else RUN
+        self.limit = 1 if self._arm == ONE else None
+        if not can or self._arm == self.gate.baseline:
             self.quiet = self.adaptive and 0 < lead <= self.gate.quiet_for()
             return False
         self._ran, self._start, self.quiet = 0.0, self.clock(), False
@@ -278,11 +296,23 @@ class TreeSteps:
         if self._ran is not None:
             self._ran += self.clock() - self._start
 
+    def aside(self, seconds: float) -> None:
+        """``seconds`` of this step's drafting were paid for a run of steps, not for this one (a
+        head reading a backlog of states: the prompt's, or those of steps the gate kept shut):
+        kept out of what the gate scores the step, or every answer's first step and every re-try
+        would look like a loss and a head that pays step by step would never be let draft."""
+        if self._ran is not None:
+            self._ran -= seconds
+
     def propose(self, tree: RankedTree) -> Proposal:
         """``tree`` ranked best first: the prefix worth verifying (or nothing, and the ledger)."""
         self.drafted()
-        n, chances = (self.sizer.plan(tree, context=self._context_len) if self.adaptive
-                      else (len(tree.tokens), self.sizer.chances(tree)))
+        if self.limit is not None:  # the arm's own size: measured as it is, not sized on estimates
+            n, chances = min(self.limit, len(tree.tokens)), self.sizer.chances(tree)
+        elif self.adaptive:
+            n, chances = self.sizer.plan(tree, context=self._context_len)
+        else:
+            n, chances = len(tree.tokens), self.sizer.chances(tree)
         if n == 0:
             self._ledger.add(self._context_len, tree)
             self._withheld |= len(tree.tokens) > 0  # guesses there were (a lookup may find none)
@@ -299,5 +329,5 @@ class TreeSteps:
         if self._ran is not None:
             one = self.costs.seconds(0, self._context_len)
             cost = cost_at(self.costs.relative(self._context_len), verdict.drafted) + (self._ran / one if one > 0 else 0.0)
-            self.gate.update(RUN, verdict.accepted + 1, cost)
+            self.gate.update(self._arm, verdict.accepted + 1, cost)
             self._ran = None

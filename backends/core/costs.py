@@ -18,9 +18,9 @@ class CostModel:
 
     ``curves`` maps a context length to measured seconds for k = 0..K, interpolated between
     lengths and extrapolated linearly beyond them (as attention's cost grows). ``observe`` folds
-    real verify times in as correction factors (moving averages: the machine's ``level``, from
-    single-token forwards, and the ``shape``, batched ones against that level), so a busier machine
-    shifts the estimates within a few steps.
+    real verify times in as correction factors (moving averages of measured over curve: the
+    machine's ``level`` from single-token forwards, ``batched`` from batched ones; their ratio is
+    the ``shape``), so a busier machine shifts the estimates within a few steps.
 
     Example: ``CostModel({64: [0.010, 0.020], 1024: [0.013, 0.025]}).relative(544)`` is
     ``[1.0, 1.96]``: 0.0115 s and 0.0225 s at the midpoint.
@@ -36,9 +36,21 @@ class CostModel:
         self.contexts = sorted(curves)
         self.k_max = min(len(curves[c]) for c in self.contexts) - 1
         self._curves = [[float(x) for x in curves[c][: self.k_max + 1]] for c in self.contexts]  # [contexts][k_max + 1]
-        # Measured/predicted: ``level`` (the machine now) from single-token forwards, ``shape`` (batches
-        # on top) from batched ones only: plain decoding once priced a node at 2.9 forwards, not 1.9.
-        self._level, self._shape = 1.0, 1.0
+        # Measured/predicted: ``level`` (the machine now) from single-token forwards, ``batched`` from
+        # batched ones only (plain decoding once priced a node at 2.9 forwards, not 1.9); None until
+        # one is seen: batches follow the machine.
+        self._level, self._batched = 1.0, None
+        self._seen = [0, 0]  # single-token and batched forwards observed: the first ones are averaged
+
+    @property
+    def _shape(self) -> float:
+        """What a batch costs on top of the machine's level: the two running means' ratio, not a
+        mean of batched times over the level *at the time*. Live forwards run slower than the
+        curve's fastest-of-5 (SmolLM2 F16, 2 cores: 1.18x), and an answer's first steps, which
+        draft, came before the level had learned it: the shape took the level's error (1.15),
+        kept it while the gate drafted little, and priced one drafted token at 1.17-1.31 plain
+        forwards where it cost 1.04-1.07."""
+        return 1.0 if self._batched is None else self._batched / self._level
 
     @property
     def curves(self) -> dict[int, list[float]]:
@@ -88,10 +100,15 @@ class CostModel:
         return out
 
     def observe(self, k: int, context: int, seconds: float) -> None:
-        """Fold one measured verify time into the estimates (one outlier moves them little)."""
+        """Fold one measured verify time into the estimates (past the first few, one outlier moves
+        them little)."""
         if k > self.k_max or seconds <= 0:
             return
-        ratio = seconds / (self._row(context, k)[k] * (self._level if k else 1.0))
-        now = self._shape if k else self._level
-        now += self.smoothing * (min(max(ratio, 0.5 * now), 2.0 * now) - now)
-        self._shape, self._level = (now, self._level) if k else (self._shape, now)
+        ratio = seconds / self._row(context, k)[k]
+        now = (self._level if self._batched is None else self._batched) if k else self._level
+        self._seen[k > 0] += 1  # a plain mean at first, then a moving one: the prior is a guess
+        now += max(self.smoothing, 1.0 / self._seen[k > 0]) * (min(max(ratio, 0.5 * now), 2.0 * now) - now)
+        if k:
+            self._batched = now
+        else:
+            self._level = now

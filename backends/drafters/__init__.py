@@ -28,7 +28,7 @@ from backends.core.types import (HIDDEN_STATES, LAYER_SKIP, LAYER_STATES, NATIVE
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
-from backends.drafters.eagle import EagleDrafter, EagleSettings
+from backends.drafters.eagle import EagleDrafter, EagleSettings, LevelStats
 from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
 from backends.drafters.medusa import MedusaDrafter, MedusaSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
@@ -264,8 +264,9 @@ def _eagle_builder(kind: str, make_head: Callable[[HeadFile, Callable], Any]) ->
         layer = res.memory.get((kind, "head", id(head)))
         if layer is None:
             layer = res.memory[(kind, "head", id(head))] = make_head(head, res.embeddings())
-        return _learning(res, (kind, settings),
-                         lambda sizer, gate: EagleDrafter(layer, settings, costs=res.costs(), sizer=sizer, gate=gate))
+        levels = res.memory.setdefault(((kind, settings), "levels"), LevelStats())
+        return _learning(res, (kind, settings), lambda sizer, gate: EagleDrafter(
+            layer, settings, costs=res.costs(), sizer=sizer, gate=gate, levels=levels))
 
     return build
 
@@ -371,8 +372,9 @@ class EngineEagle3Settings(ChainHeadSettings):
 
 def _chain_drafter(key: str, head: Any, settings: ChainHeadSettings, res: DrafterResources) -> Drafter:
     """The EAGLE-2 drafter over a head the backend runs; what it learned is kept under ``key``."""
+    levels = res.memory.setdefault(((key, settings), "levels"), LevelStats())
     return _learning(res, (key, settings), lambda sizer, gate: EagleDrafter(
-        head, settings.eagle(), costs=res.costs(), sizer=sizer, gate=gate))
+        head, settings.eagle(), costs=res.costs(), sizer=sizer, gate=gate, levels=levels))
 
 
 def _build_mtp(settings: MTPSettings, res: DrafterResources) -> Drafter:

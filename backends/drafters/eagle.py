@@ -24,6 +24,11 @@ Each step:
 3. Rerank: all grown nodes by chance, best first (a child is never likelier than its parent, so
    parents come first); how many to verify is ``TreeSteps``' call from the measured cost curve.
 
+Besides such trees the gate has an arm of one guess a step (``ONE``): the catch-up's likeliest
+token, verified alone, no level grown; the gate plays whichever arm measures fastest. What a
+level cost and offered is kept across a session's answers (``LevelStats``), and reading a
+backlog of states (the prompt's) is not charged to the step that reads it (``_catch_up``).
+
 The tree's scratch rows are dropped after every step: only states the target computed stay in
 the head's cache, for the accepted prefix only. Steps the gate left undrafted still bring the
 accepted rows' true states, which the next drafting step catches up on; while drafting loses, only
@@ -41,12 +46,12 @@ target's distribution with that token removed).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
-from backends.core.controller import RUN, Bandit, Sizer, TreeSteps
+from backends.core.controller import ONE, RUN, Bandit, Sizer, TreeSteps
 from backends.core.costs import CostModel
 from backends.core.errors import SpecDeckError
 from backends.core.protocols import Drafter
@@ -71,6 +76,25 @@ class EagleSettings(Settings):
     context_rows: int = bounded(512, 1, 1 << 20)  # prompt rows the head reads at the start of an answer (its training window)
     min_chance: float = bounded(0.05, 0.0, 1.0)  # grow no deeper once the best path's chance falls below this
     adaptive: bool = True  # False: always verify max_nodes nodes, run the head every step
+
+
+@dataclass
+class LevelStats:
+    """What a tree level has lately cost (one head forward, seconds) and offered (by depth, the
+    probability of the likeliest parent's best child): running means, kept across a session's
+    answers beside the sizer and gate. Learned afresh for each answer, every answer's first step
+    grew all its levels as if they were free (1.3 target forwards for SmolLM2's numpy head)."""
+
+    seconds: float | None = None
+    odds: dict[int, float] = field(default_factory=dict)
+
+    def took(self, seconds: float) -> None:
+        last = self.seconds
+        self.seconds = seconds if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * seconds
+
+    def offered(self, depth: int, odds: float) -> None:
+        last = self.odds.get(depth)
+        self.odds[depth] = odds if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * odds
 
 
 @dataclass
@@ -125,19 +149,18 @@ class EagleDrafter(Drafter):
 
     def __init__(self, head: EagleHead, settings: EagleSettings | None = None, *,
                  costs: CostModel | None = None, sizer: Sizer | None = None, gate: Bandit | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 levels: LevelStats | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.head = head
         self.settings = settings or EagleSettings()
         self.state_layers = tuple(head.state_layers)  # the final state, or the layers an EAGLE-3 head fuses
         self.requires = frozenset({HIDDEN_STATES, ROLLBACK, TREE} | ({LAYER_STATES} if self.state_layers else set()))
         costs = costs or CostModel.from_relative([1.0] * (self.settings.max_nodes + 1))
         self.steps = TreeSteps(costs, max_nodes=self.settings.max_nodes, adaptive=self.settings.adaptive, prior=0.8,
-                               sizer=sizer, gate=gate, clock=clock)
+                               sizer=sizer, gate=gate, arms=(ONE, RUN), clock=clock)
         self.sizer, self.gate = self.steps.sizer, self.steps.gate
         self.cache = head.new_cache()
         self.clock = clock
-        self.level_seconds: float | None = None  # running mean of one tree level's head forward
-        self.child_odds: dict[int, float] = {}  # depth -> running mean of the best parent's best child's probability
+        self.levels = levels or LevelStats()
         self.begin([])
 
     @property
@@ -148,7 +171,7 @@ class EagleDrafter(Drafter):
 
     def _losing(self) -> bool:
         """The gate finds drafting loses here: only the last ``IDLE_ROWS`` rows are worth keeping."""
-        return self.steps.adaptive and self.gate.best() != RUN
+        return self.steps.adaptive and self.steps.losing
 
     def head_forwards(self, seconds_per_forward: float) -> Callable[[int], float]:
         """The head's time per step in target forwards, by chain depth: the catch-up forward and one
@@ -182,26 +205,47 @@ class EagleDrafter(Drafter):
         start = len(prompt) - 1 - n  # hidden's last n rows are positions start .. len(prompt) - 2
         rows = hidden[len(hidden) - n :] if n else ()
         self._pending = [(row, int(prompt[start + i + 1]), start + i) for i, row in enumerate(rows)]
+        self._fresh = 0  # pending rows the last verify brought (the rest: a backlog, ``_catch_up``)
 
     def _catch_up(self) -> None:
-        """Run the pending rows (true states) into the cache; the last one's output is the frontier."""
+        """Run the pending rows (true states) into the cache; the last one's output is the frontier.
+
+        Rows older than the last verify's (the prompt's, or those kept while the gate was shut)
+        are a backlog: reading them is paid once for a whole run of drafting steps, so its time is
+        set aside from this step's score (``TreeSteps.aside``). Charged to one step, an answer's
+        first step read its prompt for 1-2.4 target forwards and the gate shut on a head that,
+        drafting a chain of one, ran 1.10-1.19x plain decoding (SmolLM2 F16, 2 CPU cores)."""
         if not self._pending:
             return
-        while self._pending:
-            rows, self._pending = self._pending[:CATCH_UP_CHUNK], self._pending[CATCH_UP_CHUNK:]
+        backlog = max(0, len(self._pending) - self._fresh)
+        if backlog:
+            start = self.clock()
+            self._run_rows(self._pending[:backlog])
+            self.steps.aside(self.clock() - start)
+        self._run_rows(self._pending[backlog:])
+        self._pending, self._fresh = [], 0
+        out, position = self._last_row
+        # the log-probabilities now, from the forward that made the state: a head run by the
+        # backend (a model's own MTP block) hands them out with its states
+        self._frontier = (position, out, self.head.log_probs(out[None])[0])
+
+    def _run_rows(self, pending: list) -> None:
+        """Run rows (feature, next token, position) into the cache as committed rows, in chunks;
+        the last one's output [d] and position become ``_last_row``."""
+        for i in range(0, len(pending), CATCH_UP_CHUNK):
+            rows = pending[i : i + CATCH_UP_CHUNK]
             feats = self.head.features(np.stack([r[0] for r in rows]))  # [n, feature_width] -> [n, d]
             tokens = np.array([r[1] for r in rows], np.int64)
             positions = np.array([r[2] for r in rows], np.int64)
             out = self.head.forward(feats, tokens, positions, self.cache, np.tril(np.ones((len(rows),) * 2, bool)))
             self.cache.commit()
-        # the log-probabilities now, from the forward that made the state: a head run by the
-        # backend (a model's own MTP block) hands them out with its states
-        self._frontier = (int(positions[-1]), out[-1], self.head.log_probs(out[-1:])[0])
+            self._last_row = (out[-1], int(positions[-1]))
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._root = len(context) - 1
         if len(self._pending) > IDLE_ROWS and self._losing():
             del self._pending[:-IDLE_ROWS]
+            self._fresh = min(self._fresh, IDLE_ROWS)
         known = bool(self._pending) and self._pending[-1][2] == self._root - 1
         ready = known or (self._frontier is not None and self._frontier[0] == self._root - 1)
         if not self.steps.open(context, budget, ready=ready or self.steps.quiet, lead=IDLE_ROWS):
@@ -219,13 +263,13 @@ class EagleDrafter(Drafter):
         base, state, log_probs = self._frontier
         grown = _Grown([], [], [], [], {}, {})
         level = grown.add_children(-1, log_probs, head.vocab, s.top_k)
-        limit = min(s.max_nodes, budget.max_nodes)
+        limit = min(s.max_nodes, budget.max_nodes, self.steps.limit or s.max_nodes)
         max_depth = min(s.depth, budget.max_depth, limit)
         cost = self._level_cost()
         for depth in range(2, max_depth + 1):
             # a parent is worth expanding where its likeliest child (at the odds its best child had
             # at this depth lately) is likelier than the level costs; or than min_chance
-            least = max(s.min_chance, cost / self.child_odds.get(depth, 1.0))
+            least = max(s.min_chance, cost / self.levels.odds.get(depth, 1.0))
             floor = np.log(least) if least > 0 else -np.inf
             chosen = [i for i in sorted(level, key=lambda i: -grown.scores[i])[: s.expand] if grown.scores[i] >= floor]
             if not chosen:  # nothing this unlikely would be verified, or repay the level: save the head's forwards
@@ -241,8 +285,8 @@ class EagleDrafter(Drafter):
             tokens = np.array([grown.tokens[i] for i in chosen], np.int64)
             out = head.forward(feats, tokens, np.full(len(chosen), base + depth - 1, np.int64), self.cache, visible)
             log_probs = head.log_probs(out)  # [len(chosen), V']
-            self._level_took(self.clock() - start)
-            self._odds_seen(depth, float(np.exp(log_probs[0].max())))  # row 0: the likeliest parent
+            self.levels.took(self.clock() - start)
+            self.levels.offered(depth, float(np.exp(log_probs[0].max())))  # row 0: the likeliest parent
             level = []
             for j, node in enumerate(chosen):
                 grown.outs[node] = out[j]
@@ -252,18 +296,10 @@ class EagleDrafter(Drafter):
     def _level_cost(self) -> float:
         """One tree level's head forward in target forwards at this context (0 until both are
         measured, and when not adaptive: a fixed tree is grown whole)."""
-        if not self.steps.adaptive or self.level_seconds is None:
+        if not self.steps.adaptive or self.levels.seconds is None:
             return 0.0
         one = self.steps.costs.seconds(0, self._root + 1)
-        return self.level_seconds / one if one > 0 else 0.0
-
-    def _level_took(self, seconds: float) -> None:
-        last = self.level_seconds
-        self.level_seconds = seconds if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * seconds
-
-    def _odds_seen(self, depth: int, odds: float) -> None:
-        last = self.child_odds.get(depth)
-        self.child_odds[depth] = odds if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * odds
+        return self.levels.seconds / one if one > 0 else 0.0
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.steps.observe(out, verdict)
@@ -274,3 +310,4 @@ class EagleDrafter(Drafter):
         rows = [0] + [i + 1 for i in verdict.path]  # the root's and each accepted node's state
         for k, (row, token) in enumerate(zip(rows, verdict.tokens)):
             self._pending.append((out.hidden[row], int(token), self._root + k))
+        self._fresh = len(rows)
