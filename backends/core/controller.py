@@ -250,7 +250,6 @@ class TreeSteps:
         self._context_len, self._start, self.quiet = 0, 0.0, False
         self._ran: float | None = None  # seconds spent drafting this step (None: it did not draft)
         self._arm: str = RUN  # the gate's arm this step
-        self.limit: int | None = None  # most nodes this step verifies, when its arm sets one (``ONE``: 1)
         self._withheld = self._sent = False  # at some step of this answer the sizer sent nothing / some nodes
 
     @property
@@ -270,6 +269,11 @@ class TreeSteps:
         return ""
 
     @property
+    def limit(self) -> int | None:
+        """Most nodes this step verifies, where its arm sets them (``ONE``: 1)."""
+        return 1 if self._arm == ONE else None
+
+    @property
     def losing(self) -> bool:
         """The gate finds that no way of drafting beats drafting nothing here."""
         return self.gate.best() == self.gate.baseline
@@ -284,7 +288,6 @@ class TreeSteps:
             self.sizer.update(tree, len(tree.tokens), matched)
         can = ready and budget.max_nodes > 0 and budget.max_depth > 0
         self._arm = self.gate.choose() if can and self.adaptive else RUN
-        self.limit = 1 if self._arm == ONE else None
         if not can or self._arm == self.gate.baseline:
             self.quiet = self.adaptive and 0 < lead <= self.gate.quiet_for()
             return False

@@ -105,7 +105,7 @@ class CostModel:
         if k > self.k_max or seconds <= 0:
             return
         ratio = seconds / self._row(context, k)[k]
-        now = (self._level if self._batched is None else self._batched) if k else self._level
+        now = self._batched if k and self._batched is not None else self._level
         self._seen[k > 0] += 1  # a plain mean at first, then a moving one: the prior is a guess
         now += max(self.smoothing, 1.0 / self._seen[k > 0]) * (min(max(ratio, 0.5 * now), 2.0 * now) - now)
         if k:

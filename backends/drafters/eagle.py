@@ -89,12 +89,14 @@ class LevelStats:
     odds: dict[int, float] = field(default_factory=dict)
 
     def took(self, seconds: float) -> None:
-        last = self.seconds
-        self.seconds = seconds if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * seconds
+        self.seconds = _running(self.seconds, seconds)
 
     def offered(self, depth: int, odds: float) -> None:
-        last = self.odds.get(depth)
-        self.odds[depth] = odds if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * odds
+        self.odds[depth] = _running(self.odds.get(depth), odds)
+
+
+def _running(last: float | None, value: float) -> float:
+    return value if last is None else LEVEL_MEMORY * last + (1 - LEVEL_MEMORY) * value
 
 
 @dataclass
@@ -217,21 +219,21 @@ class EagleDrafter(Drafter):
         drafting a chain of one, ran 1.10-1.19x plain decoding (SmolLM2 F16, 2 CPU cores)."""
         if not self._pending:
             return
-        backlog = max(0, len(self._pending) - self._fresh)
+        backlog, last = max(0, len(self._pending) - self._fresh), None
         if backlog:
             start = self.clock()
-            self._run_rows(self._pending[:backlog])
+            last = self._run_rows(self._pending[:backlog])
             self.steps.aside(self.clock() - start)
-        self._run_rows(self._pending[backlog:])
+        out, position = self._run_rows(self._pending[backlog:]) or last
         self._pending, self._fresh = [], 0
-        out, position = self._last_row
         # the log-probabilities now, from the forward that made the state: a head run by the
         # backend (a model's own MTP block) hands them out with its states
         self._frontier = (position, out, self.head.log_probs(out[None])[0])
 
-    def _run_rows(self, pending: list) -> None:
+    def _run_rows(self, pending: list) -> tuple[np.ndarray, int] | None:
         """Run rows (feature, next token, position) into the cache as committed rows, in chunks;
-        the last one's output [d] and position become ``_last_row``."""
+        the last one's output [d] and position (None: no rows)."""
+        last = None
         for i in range(0, len(pending), CATCH_UP_CHUNK):
             rows = pending[i : i + CATCH_UP_CHUNK]
             feats = self.head.features(np.stack([r[0] for r in rows]))  # [n, feature_width] -> [n, d]
@@ -239,7 +241,8 @@ class EagleDrafter(Drafter):
             positions = np.array([r[2] for r in rows], np.int64)
             out = self.head.forward(feats, tokens, positions, self.cache, np.tril(np.ones((len(rows),) * 2, bool)))
             self.cache.commit()
-            self._last_row = (out[-1], int(positions[-1]))
+            last = (out[-1], int(positions[-1]))
+        return last
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._root = len(context) - 1
