@@ -84,6 +84,15 @@ def test_smollm2_eagle2_with_the_shipped_head_matches_plain_greedy(smollm_sessio
                             {"adaptive": False, "top_k": top_k, "expand": top_k, "depth": 4, "max_nodes": 8})
 
 
+@pytest.mark.parametrize("head", ["eagle3-native", "medusa"])
+def test_smollm2_a_head_merged_with_prompt_lookup_reads_the_state_of_every_token(smollm_session, head):
+    """``specinfer`` merging prompt lookup with a trained head: where prompt lookup's nodes are
+    accepted past the head's own, the head must still read those tokens' states (llama.cpp's
+    EAGLE-3 chain refused the gap mid-answer: "rows must continue the cache"; Medusa drafted from a
+    stale state). Every tree is verified whole (fixed sizes); outputs equal plain greedy's."""
+    check_method_matches_ar(smollm_session, "specinfer", {"drafters": f"pld,{head}", "adaptive": False})
+
+
 def test_smollm2_eagle2_sampling_keeps_the_model_distribution(smollm_session):
     """Sampling through the engine with the shipped head's trees: the first answer token follows
     SmolLM2's own distribution, and so does the second after the likeliest first (read from the

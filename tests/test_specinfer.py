@@ -29,6 +29,10 @@ def test_merge_shares_agreeing_prefixes_and_branches_where_drafts_differ():
     assert project(verdict, pld, tree.maps[0]).path == (0,)
     assert project(verdict, draft, tree.maps[1]).path == (0, 1)
     assert project(verdict, draft, tree.maps[1]).tokens == (5, 9, 4)  # every drafter follows the text
+    # and reads the states of every token written, through whichever drafter's nodes: rows of the verify
+    assert project(verdict, pld, tree.maps[0]).state_rows == (0, 1, 4)
+    lone = Proposal.chain([8])  # a head whose only guess was not verified at all
+    assert project(verdict, lone, (-1,)).state_rows == (0, 1, 4)
 
 
 def test_sampled_nodes_are_never_merged():

@@ -269,6 +269,16 @@ class Verdict:
     tokens: tuple[int, ...]
     drafted: int
     draft_depth: int
+    rows: tuple[int, ...] | None = None  # see ``state_rows``; None: the path's own rows
+
+    @property
+    def state_rows(self) -> tuple[int, ...]:
+        """The rows of ``TargetOutput.hidden`` whose states made ``tokens``, one per token: the
+        root's (row 0) and each accepted node's (row ``node + 1``). A drafter whose proposal was
+        merged with others (``merge.project``) sees only its own nodes in ``path``, yet the text
+        went on through the others' too: its ``rows`` are the whole accepted path's, so a head
+        reads the state of every token written, whoever guessed it."""
+        return self.rows if self.rows is not None else (0, *(i + 1 for i in self.path))
 
     @property
     def accepted(self) -> int:

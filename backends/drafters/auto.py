@@ -198,7 +198,7 @@ class AutoDrafter(Drafter):
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         start = self.clock()
         if self._states is not None:  # the root's row and the accepted nodes': positions root .. root + accepted
-            self._states.add(None if out.hidden is None else out.hidden[[0, *(1 + i for i in verdict.path)]])
+            self._states.add(None if out.hidden is None else out.hidden[list(verdict.state_rows)])
         if self._drafter is None:
             self.costs.observe(0, self._context_len, out.seconds)  # plain decoding keeps the cost model current
         else:

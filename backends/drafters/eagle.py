@@ -310,7 +310,7 @@ class EagleDrafter(Drafter):
             if self.steps.quiet:  # none asked for: the rows before the next re-try will have them
                 return
             raise SpecDeckError("the target returned no hidden states: an EAGLE head cannot draft without them")
-        rows = [0] + [i + 1 for i in verdict.path]  # the root's and each accepted node's state
+        rows = verdict.state_rows  # the root's and each accepted node's state
         for k, (row, token) in enumerate(zip(rows, verdict.tokens)):
             self._pending.append((out.hidden[row], int(token), self._root + k))
         self._fresh = len(rows)

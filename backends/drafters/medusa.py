@@ -120,4 +120,4 @@ class MedusaDrafter(Drafter):
         self.steps.observe(out, verdict)
         if out.hidden is None and not self.steps.quiet:
             raise SpecDeckError("the target returned no hidden states: Medusa heads cannot draft without them")
-        self._state = None if out.hidden is None else out.hidden[verdict.path[-1] + 1 if verdict.path else 0]
+        self._state = None if out.hidden is None else out.hidden[verdict.state_rows[-1]]
