@@ -12,7 +12,8 @@ from backends.core.types import GenerationSettings, Proposal, SamplingSettings, 
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
 from backends.drafters.rest import RESTDrafter, RESTSettings
-from backends.drafters.merge import merge, project
+from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
+from backends.drafters.merge import merge, project, select
 from backends.drafters.specinfer import SpecInferDrafter, SpecInferSettings
 from tests.oracle import OracleTarget
 from tests.test_engine import CHEAP_DRAFT, COSTS, drafted_matching_plain_greedy, run
@@ -33,6 +34,10 @@ def test_merge_shares_agreeing_prefixes_and_branches_where_drafts_differ():
     assert project(verdict, pld, tree.maps[0]).state_rows == (0, 1, 4)
     lone = Proposal.chain([8])  # a head whose only guess was not verified at all
     assert project(verdict, lone, (-1,)).state_rows == (0, 1, 4)
+    # a drafter that reads its own nodes' rows (lookahead's Jacobi step) finds them where the merge put them
+    assert [project(verdict, draft, tree.maps[1]).row_of(i) for i in range(2)] == [1, 4]
+    cut = select(tree, [0, 1, 3])  # the planner kept pld's first two nodes and draft's
+    assert [project(verdict, pld, cut.maps[0]).row_of(i) for i in range(3)] == [1, 2, -1]
 
 
 def test_sampled_nodes_are_never_merged():
@@ -66,6 +71,38 @@ def test_specinfer_output_equals_plain_greedy(tmp_path, penalty, with_rest):
         return _drafters(oracle, seed, sampling, store)
 
     assert drafted_matching_plain_greedy(make, method="specinfer", penalty=penalty) > 0
+
+
+@pytest.mark.parametrize("lookahead_first", [True, False], ids=["lookahead,pld", "pld,lookahead"])
+def test_lookahead_merged_with_prompt_lookup_reads_its_own_rows_of_the_verify(lookahead_first):
+    """Lookahead's Jacobi step reads the target's prediction after each of its window's nodes: in a
+    merged tree those rows are where the merge and the planner's cut put them (it read its own
+    indices: past the end of a cut verify, or pld's rows). Every prediction it takes is checked
+    against the oracle's logits after the window's guesses."""
+    checked = []
+
+    class Checked(LookaheadDrafter):
+        def propose(self, context, budget):
+            self.sent = (list(context), list(self._window))
+            return super().propose(context, budget)
+
+        def _predictions(self, out, verdict):
+            got = super()._predictions(out, verdict)
+            context, window = self.sent
+            for q, token in got.items():
+                history = context + window[: q - len(context)]
+                assert token == int(np.argmax(self.oracle.logits_for(history))), f"prediction for {q}"
+            checked.append(len(got))
+            return got
+
+    def make(oracle, seed, sampling):
+        lookahead = Checked(LookaheadSettings(window=4, guesses=2, adaptive=False), costs=COSTS)
+        lookahead.oracle = oracle
+        pld = PLDDrafter(PLDSettings(min_ngram=1), costs=COSTS)
+        return SpecInferDrafter([lookahead, pld] if lookahead_first else [pld, lookahead], costs=COSTS)
+
+    assert drafted_matching_plain_greedy(make, method="specinfer", penalty=1.0) > 0
+    assert sum(checked) > 100
 
 
 def test_specinfer_drafts_at_least_what_each_drafter_would():

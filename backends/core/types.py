@@ -269,16 +269,28 @@ class Verdict:
     tokens: tuple[int, ...]
     drafted: int
     draft_depth: int
-    rows: tuple[int, ...] | None = None  # see ``state_rows``; None: the path's own rows
+    # Where the verify's output rows are, for a drafter whose proposal was merged with others into
+    # the tree verified (``merge.project``); None: its proposal was the tree (node i at row i + 1).
+    merged_path_rows: tuple[int, ...] | None = None  # see ``state_rows``
+    merged_node_rows: tuple[int, ...] | None = None  # per own node; -1: not verified
 
     @property
     def state_rows(self) -> tuple[int, ...]:
-        """The rows of ``TargetOutput.hidden`` whose states made ``tokens``, one per token: the
-        root's (row 0) and each accepted node's (row ``node + 1``). A drafter whose proposal was
-        merged with others (``merge.project``) sees only its own nodes in ``path``, yet the text
-        went on through the others' too: its ``rows`` are the whole accepted path's, so a head
-        reads the state of every token written, whoever guessed it."""
-        return self.rows if self.rows is not None else (0, *(i + 1 for i in self.path))
+        """The rows of ``TargetOutput`` (its ``hidden``) whose states made ``tokens``, one per token:
+        the root's (row 0) and each accepted node's. A drafter whose proposal was merged with
+        others sees only its own nodes in ``path``, yet the text may have gone on through the
+        others': these rows are the whole accepted path's, so a head reads the state of every
+        token written, whoever guessed it."""
+        if self.merged_path_rows is not None:
+            return self.merged_path_rows
+        return (0, *(i + 1 for i in self.path))
+
+    def row_of(self, node: int) -> int:
+        """The row of ``TargetOutput`` with the verify's output at this drafter's proposal node
+        (what the target predicts after it); -1 where the node was not verified."""
+        if self.merged_node_rows is not None:
+            return self.merged_node_rows[node] if node < len(self.merged_node_rows) else -1
+        return node + 1 if node < self.drafted else -1
 
     @property
     def accepted(self) -> int:

@@ -180,7 +180,7 @@ class LookaheadDrafter(Drafter):
         if self._shape != self.bandit.baseline:  # plain decoding is worth 1 by definition
             cost = cost_at(self.costs.relative(self._context_len), verdict.drafted)
             self.bandit.update(self._shape, len(verdict.tokens), cost)
-        predictions = self._predictions(out)
+        predictions = self._predictions(out, verdict)
         if predictions:
             self._collect(predictions)
         new_len = self._context_len + len(verdict.tokens)
@@ -188,9 +188,11 @@ class LookaheadDrafter(Drafter):
         self._base = new_len
         self._window = self._fill(predictions, history, new_len)
 
-    def _predictions(self, out: TargetOutput) -> dict[int, int]:
-        """Jacobi: the target's next token after each lookahead node, by context index."""
-        rows = [1 + node for node in self._look_nodes]
+    def _predictions(self, out: TargetOutput, verdict: Verdict) -> dict[int, int]:
+        """Jacobi: the target's next token after each lookahead node verified, by context index
+        (merged with other drafters' trees, the verify may have kept only the window's start)."""
+        rows = [verdict.row_of(node) for node in self._look_nodes]
+        rows = rows[: rows.index(-1)] if -1 in rows else rows
         if not rows:
             return {}
         best = out.argmax(rows)  # [w]

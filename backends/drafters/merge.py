@@ -72,14 +72,16 @@ def chances_of(proposal: Proposal) -> tuple[float, ...]:
 
 def project(verdict: Verdict, proposal: Proposal, mapping: Sequence[int]) -> Verdict:
     """The verdict as one sub-proposal sees it: its nodes on the accepted path, all emitted tokens
-    and the rows of their states (``Verdict.state_rows``).
+    and the rows of their states (``Verdict.state_rows``), and where its nodes' rows went
+    (``Verdict.row_of``).
 
     ``mapping[i]`` is where local node ``i`` went in the verified tree, or -1 when the merged tree
     was pruned before it; ``drafted`` and ``draft_depth`` count only verified nodes, so a drafter
     never books a guess that was not checked as rejected.
     """
     if not any(m >= 0 for m in mapping):  # none of its nodes was verified
-        return Verdict(path=(), tokens=verdict.tokens, drafted=0, draft_depth=0, rows=verdict.state_rows)
+        return Verdict(path=(), tokens=verdict.tokens, drafted=0, draft_depth=0, merged_path_rows=verdict.state_rows,
+                       merged_node_rows=(-1,) * len(mapping))
     owner = {merged: local for local, merged in enumerate(mapping) if merged >= 0}
     path: list[int] = []
     for merged in verdict.path:
@@ -91,7 +93,8 @@ def project(verdict: Verdict, proposal: Proposal, mapping: Sequence[int]) -> Ver
     depths = tree_depths(proposal.parents) if proposal.size else np.zeros(0, dtype=np.int32)
     depth = int(max((depths[i] for i in kept), default=0))
     return Verdict(path=tuple(path), tokens=verdict.tokens, drafted=len(kept), draft_depth=depth,
-                   rows=verdict.state_rows)
+                   merged_path_rows=verdict.state_rows,
+                   merged_node_rows=tuple(verdict.row_of(m) if m >= 0 else -1 for m in mapping))
 
 
 def select(tree: MergedTree, keep: Sequence[int]) -> MergedTree:
