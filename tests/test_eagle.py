@@ -101,6 +101,18 @@ def test_catching_up_row_by_row_equals_one_forward():
         row = head.forward(feats[i:i + 1], tokens[i:i + 1], np.arange(i, i + 1), cache, np.ones((1, 1), bool))
         cache.commit()
         np.testing.assert_allclose(row[0], whole[i], rtol=1e-5, atol=1e-5)
+    # a catch-up that wants the last row's prediction alone: the same row, and a cache that reads on the same
+    for split in (4, 9):
+        cache = head.new_cache()
+        last = head.forward(feats[:split], tokens[:split], np.arange(split), cache, np.tril(np.ones((split,) * 2, bool)),
+                            outputs=1)
+        cache.commit()
+        assert last.shape == (1, WIDE)
+        np.testing.assert_allclose(last[0], whole[split - 1], rtol=1e-5, atol=1e-5)
+        if split < 9:
+            rest = head.forward(feats[split:], tokens[split:], np.arange(split, 9), cache,
+                                np.tril(np.ones((9 - split,) * 2, bool)), outputs=2)
+            np.testing.assert_allclose(rest, whole[-2:], rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +207,7 @@ def test_a_losing_head_catches_up_on_recent_rows_only(oracle_eagle, pays):
     """While its gate finds drafting loses, a head's re-try must not run the whole prompt through
     it (on SmolLM2 F16's rag prompts eagle2 spent 0.75 ms a step that way and verified nothing)."""
     from backends.core.controller import RUN, Bandit
-    from backends.drafters.eagle import IDLE_ROWS
+    from backends.drafters.eagle import CONTEXT_ROWS, IDLE_ROWS
 
     gate = Bandit([RUN], baseline="off", min_tries=1, explore_share=0.0)
     gate.update(RUN, 1.0, 1.0 if pays else 10.0)  # one step: a token for one forward, or for ten
@@ -209,7 +221,7 @@ def test_a_losing_head_catches_up_on_recent_rows_only(oracle_eagle, pays):
         assert drafter.cache.committed == 0
         gate.update(RUN, 50.0, 1.0)
         drafter.propose(prompt, budget)
-    assert drafter.cache.committed == (200 if pays else IDLE_ROWS)
+    assert drafter.cache.committed == (min(200, CONTEXT_ROWS) if pays else IDLE_ROWS) and CONTEXT_ROWS > IDLE_ROWS
 
 
 def test_reading_a_backlog_of_states_is_not_charged_to_one_step(oracle_eagle):
@@ -235,7 +247,8 @@ def test_reading_a_backlog_of_states_is_not_charged_to_one_step(oracle_eagle):
     head.forward = timed_forward
     prompt = np.random.default_rng(3).integers(0, VOCAB, size=201).tolist()
     gate = Recorded([RUN], baseline="off", min_tries=16, decay=0.99, try_loss=0.5)  # TreeSteps' own
-    drafter = EagleDrafter(head, EagleSettings(), costs=COSTS, gate=gate, clock=lambda: now[0])
+    settings = EagleSettings(context_rows=512)  # the whole prompt is the backlog
+    drafter = EagleDrafter(head, settings, costs=COSTS, gate=gate, clock=lambda: now[0])
     oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE, n_ctx=2048)
     final = list(generate(oracle, drafter, prompt, GenerationSettings(max_new_tokens=40)))[-1]
     assert list(final.tokens) == plain_greedy(OracleTarget(VOCAB, seed=7, hidden_size=WIDE), prompt, 40,

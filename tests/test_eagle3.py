@@ -401,6 +401,11 @@ def test_llama_cpp_runs_an_exported_head_as_numpy_does(smollm_q4_path, tmp_path)
         b = theirs.forward(feats, tokens[:7], np.arange(7), their_cache, chain)
         np.testing.assert_allclose(b, a, atol=0.01 * np.abs(a).max())
         assert (theirs.log_probs(b).argmax(-1) == ours.log_probs(a).argmax(-1)).all()
+        last_cache = theirs.new_cache()  # a catch-up wanting the last row alone computes its logits alone
+        b_last = theirs.forward(feats, tokens[:7], np.arange(7), last_cache, chain, outputs=1)
+        assert b_last.shape == (1, 576)
+        np.testing.assert_allclose(b_last, b[-1:], atol=1e-5)
+        np.testing.assert_allclose(theirs.log_probs(b_last), ours.log_probs(a[-1:]), atol=0.05)
         mine_cache.commit(), their_cache.commit()
         a2 = ours.forward(a[-1:], tokens[7:], np.array([7]), mine_cache, np.ones((1, 1), bool))  # a draft row
         b2 = theirs.forward(b[-1:], tokens[7:], np.array([7]), their_cache, np.ones((1, 1), bool))

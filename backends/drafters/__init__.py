@@ -28,7 +28,7 @@ from backends.core.types import (HIDDEN_STATES, LAYER_SKIP, LAYER_STATES, NATIVE
 from backends.drafters.ar import ARDrafter, ARSettings
 from backends.drafters.auto import AutoDrafter, MethodSelector
 from backends.drafters.draft_model import DraftModelDrafter, DraftSettings
-from backends.drafters.eagle import EagleDrafter, EagleSettings, LevelStats
+from backends.drafters.eagle import CONTEXT_ROWS, EagleDrafter, EagleSettings, LevelStats
 from backends.drafters.lookahead import LookaheadDrafter, LookaheadSettings
 from backends.drafters.medusa import MedusaDrafter, MedusaSettings
 from backends.drafters.pld import PLDDrafter, PLDSettings
@@ -350,7 +350,7 @@ class ChainHeadSettings(Settings):
     top_k: int = bounded(4, 1, 16)  # children each drafted node offers (siblings are verified too)
     depth: int = bounded(4, 1, 16)  # deepest draft level: every level is one forward of the MTP block
     max_nodes: int = bounded(16, 1, 64)  # most tree nodes verified in one step
-    context_rows: int = bounded(512, 1, 1 << 20)  # prompt rows the block reads at the start of an answer
+    context_rows: int = bounded(CONTEXT_ROWS, 1, 1 << 20)  # prompt rows the block reads at the start of an answer
     min_chance: float = bounded(0.05, 0.0, 1.0)  # draft no deeper once the best path's chance falls below this
     adaptive: bool = True  # False: always verify max_nodes nodes, run the block every step
 

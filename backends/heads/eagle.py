@@ -158,12 +158,15 @@ class EagleHead:
         return x, rms_norm(x, self.attn_norm, self.shape.eps)
 
     def forward(self, feats: np.ndarray, tokens: np.ndarray, positions: np.ndarray, cache: HeadCache,
-                visible: np.ndarray) -> np.ndarray:
-        """Run rows (feature [n, d], token [n], position [n]); returns predicted features [n, d].
+                visible: np.ndarray, outputs: int | None = None) -> np.ndarray:
+        """Run rows (feature [n, d], token [n], position [n]); returns predicted features [n, d],
+        or of the last ``outputs`` rows only [outputs, d].
 
         The rows' keys and values are appended to ``cache`` first; each row then attends to every
         committed row and to the scratch rows (these new ones included) that ``visible`` marks,
         [n, scratch rows after appending]: its tree ancestors and itself, or the rows before it.
+        A row's keys and values are all the cache needs of it: catching up on a prompt, only the
+        last row's attention and feed-forward run.
         """
         s = self.shape
         n = len(tokens)
@@ -176,15 +179,17 @@ class EagleHead:
         cache.append(k, v)
         group = s.n_head // s.n_kv_head
         keys, values = cache.k[:, :cache.length], cache.v[:, :cache.length]  # [H_kv, T, hd]
-        # [H_kv, group * n, hd]: the query heads that share a KV head, one block per KV head
-        qg = q.reshape(n, s.n_kv_head, group, s.head_dim).transpose(1, 2, 0, 3).reshape(s.n_kv_head, group * n, -1)
-        scores = qg @ keys.transpose(0, 2, 1) * s.head_dim ** -0.5  # [H_kv, group * n, T]; a Python float keeps float32
-        hidden = np.tile(~visible, (group, 1))  # [group * n, scratch rows]: committed rows are all seen
+        kept = n if outputs is None else min(outputs, n)  # the rows whose predictions are wanted: the last ones
+        q, x, visible = q[n - kept:], x[n - kept:], visible[n - kept:]
+        # [H_kv, group * kept, hd]: the query heads that share a KV head, one block per KV head
+        qg = q.reshape(kept, s.n_kv_head, group, s.head_dim).transpose(1, 2, 0, 3).reshape(s.n_kv_head, group * kept, -1)
+        scores = qg @ keys.transpose(0, 2, 1) * s.head_dim ** -0.5  # [H_kv, group * kept, T]; a Python float keeps float32
+        hidden = np.tile(~visible, (group, 1))  # [group * kept, scratch rows]: committed rows are all seen
         scores[:, :, cache.committed:][:, hidden] = -np.inf
         scores -= scores.max(-1, keepdims=True)
         np.exp(scores, out=scores)
         scores /= scores.sum(-1, keepdims=True)
-        attn = (scores @ values).reshape(s.n_kv_head, group, n, s.head_dim).transpose(2, 0, 1, 3).reshape(n, hq)
+        attn = (scores @ values).reshape(s.n_kv_head, group, kept, s.head_dim).transpose(2, 0, 1, 3).reshape(kept, hq)
         h = x + attn @ self.o_t
         gu = rms_norm(h, self.ffn_norm, s.eps) @ self.gate_up_t
         g, u = gu[:, :s.d_ff], gu[:, s.d_ff:]

@@ -123,11 +123,17 @@ class ChainHead:
             raise BackendError(f"{self.what}'s forward failed with code {rc} {'; '.join(recent_errors)}".strip())
 
     def forward(self, feats: np.ndarray, tokens: np.ndarray, positions: np.ndarray, cache: ChainCache,
-                visible: np.ndarray) -> np.ndarray:
+                visible: np.ndarray, outputs: int | None = None) -> np.ndarray:
         """Run rows (state [n, d], next token [n], position [n]) after ``cache``'s rows; returns
-        the head's states [n, d]. ``visible`` [n, scratch rows after appending] must make each
-        row see every scratch row before it and itself: a chain."""
+        the head's states [n, d], or the last ``outputs`` rows' [outputs, d]. ``visible`` [n,
+        scratch rows after appending] must make each row see every scratch row before it and
+        itself: a chain. Every row is an output row all the same: this llama.cpp's eagle3 graph
+        runs its output layer on every row whatever the batch asks, and with fewer output rows
+        its state extraction hands out the first rows' states, not the ones asked for (measured:
+        the last of 7 rows came back as the first). Only the rows returned are copied out (their
+        logits are a vocabulary wide)."""
         n = len(tokens)
+        kept = n if outputs is None else min(outputs, n)
         where = self._check_chain(positions, cache, visible)
         lib = llama()
         feats = np.ascontiguousarray(feats, np.float32)
@@ -142,11 +148,11 @@ class ChainHead:
                 raise BackendError(f"llama.cpp refused {self.what}'s row {j} (batch index {idx})")
         self._process(lib.LLAMA_PROCESS_TYPE_DECODE, n)
         cache.length += n
-        states = np.empty((n, self.d), np.float32)
-        logits = np.empty((n, len(self.vocab)), np.float32)
-        for j in range(n):
-            states[j] = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn_ith(self.ctx, j), shape=(self.d,))
-            row = np.ctypeslib.as_array(lib.llama_get_logits_ith(self.ctx, j), shape=(self._n_logits,))
+        states = np.empty((kept, self.d), np.float32)
+        logits = np.empty((kept, len(self.vocab)), np.float32)
+        for j, i in enumerate(range(n - kept, n)):  # i: the row's index in the batch and among its outputs
+            states[j] = np.ctypeslib.as_array(self._ext.llama_get_embeddings_nextn_ith(self.ctx, i), shape=(self.d,))
+            row = np.ctypeslib.as_array(lib.llama_get_logits_ith(self.ctx, i), shape=(self._n_logits,))
             logits[j] = row if self.columns is None else row[self.columns]
         self._last = (states, logits)
         return states
