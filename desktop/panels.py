@@ -26,7 +26,8 @@ from PySide6.QtWidgets import (
 )
 
 from backends.core.types import HIDDEN_STATES, LAYER_SKIP, GenerationSettings, SamplingSettings
-from backends.drafters import DATASTORE, DRAFT_MODEL, FIRST_SHOWN, HEAD_PREFIX, REGISTRY, baseline_method, describe
+from backends.drafters import (DATASTORE, DRAFT_MODEL, FIRST_SHOWN, HEAD_NAMES, HEAD_PREFIX, REGISTRY, baseline_method,
+                               describe)
 from backends.hardware.detect import format_report
 from backends.hardware.fit import FitReport
 from backends.hardware.recommend import Recommendation, Recommendations
@@ -111,9 +112,6 @@ class MethodAdvice:
     fits: dict[str, FitReport]
     compatible_drafts: tuple[Path, ...]
     rejected_drafts: tuple[tuple[str, str], ...]
-
-
-HEAD_NAMES = {"eagle": "an EAGLE", "eagle3": "an EAGLE-3", "medusa": "a Medusa", "mtp": "an MTP"}  # the Train button's words for a kind of head
 
 
 class MethodPanel(QGroupBox):

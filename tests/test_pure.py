@@ -681,3 +681,12 @@ def test_settings_bounds_are_declared_once_and_refused_with_the_field_name():
     with pytest.raises(ValueError, match=r"min_confidence must be in \[0\.0, 1\.0\), got 1\.0"):
         DraftSettings(min_confidence=1.0)
     assert DraftSettings(min_confidence=0.0).min_confidence == 0.0 and RESTSettings(samples=65536).samples == 65536
+
+
+def test_a_missing_head_is_named_in_words_with_the_command_that_trains_it():
+    from backends.drafters import HEAD_PREFIX, describe
+
+    assert describe(frozenset({HEAD_PREFIX + "eagle3"})) == (
+        "an EAGLE-3 head trained for this model (`specdeck train eagle3 --model MODEL`)")
+    assert describe(frozenset({HEAD_PREFIX + "medusa"})).startswith("a Medusa head")
+    assert describe(frozenset({HEAD_PREFIX + "newkind"})).startswith("a newkind head")

@@ -46,6 +46,7 @@ from backends.models.gguf_info import VocabInfo
 DRAFT_MODEL = "draft_model"  # a requirement: a compatible draft model is loaded
 DATASTORE = "datastore"  # a requirement of methods whose settings name a REST datastore
 HEAD_PREFIX = "head:"  # "head:medusa": a head of that kind trained for the loaded model is at hand
+HEAD_NAMES = {"eagle": "an EAGLE", "eagle3": "an EAGLE-3", "medusa": "a Medusa", "mtp": "an MTP"}  # a kind of head in words
 
 
 def head_requirement(kind: str) -> str:
@@ -76,7 +77,7 @@ def describe(requirements: frozenset[str]) -> str:
 def _requirement_text(requirement: str) -> str:
     if requirement.startswith(HEAD_PREFIX):
         kind = requirement[len(HEAD_PREFIX):]
-        return f"a {kind} head trained for this model (`specdeck train {kind} --model MODEL`)"
+        return f"{HEAD_NAMES.get(kind, f'a {kind}')} head trained for this model (`specdeck train {kind} --model MODEL`)"
     return REQUIREMENT_TEXT.get(requirement, requirement)
 
 
