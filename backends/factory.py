@@ -396,7 +396,7 @@ class Session:
         chosen = spec.settings(**settings)
         missing = spec.requirements(chosen) - self.offers
         if missing:
-            raise self._refusal(method, missing)
+            raise self._refusal(method, missing, parts=spec.parts_needing(chosen, missing))
         resources = DrafterResources(
             sampling=sampling,
             target_vocab=self.model.n_vocab,
@@ -421,8 +421,12 @@ class Session:
             raise self._refusal(method, missing, " with these settings")
         return drafter
 
-    def _refusal(self, method: str, missing: frozenset[str], which: str = "") -> SpecDeckError:
-        """Why ``method`` cannot run here; a model that cannot roll back is named, with what can."""
+    def _refusal(self, method: str, missing: frozenset[str], which: str = "",
+                 parts: Sequence[str] = ()) -> SpecDeckError:
+        """Why ``method`` cannot run here; a model that cannot roll back is named, with what can;
+        of a merging method, the ``parts`` that need what is missing."""
+        if parts:
+            method = f"{method} ({', '.join(parts)})"
         if ROLLBACK in missing:
             return SpecDeckError(f"{method} cannot run on {self.model.name}: it needs {describe(missing)}; "
                                  "plain decoding (ar) can")

@@ -145,14 +145,18 @@ def test_bad_drafter_lists_are_refused(bad):
         SpecInferSettings(drafters=bad)
 
 
-def test_specinfer_without_a_draft_model_says_what_to_do(smollm_q4_path):
+def test_specinfer_without_a_draft_model_or_a_head_says_which_drafter_needs_it(smollm_q4_path, gemma_path):
     from backends.core.errors import SpecDeckError
     from backends.factory import Session, SessionConfig
 
     with Session(SessionConfig(model=str(smollm_q4_path), n_ctx=512)) as alone:
-        with pytest.raises(SpecDeckError, match="needs a draft model"):
+        with pytest.raises(SpecDeckError, match=r"specinfer \(draft\) needs a draft model"):
             alone.drafter("specinfer", SamplingSettings())
         alone.drafter("specinfer", SamplingSettings(), drafters="pld")  # without one, other drafters work
+
+    with Session(SessionConfig(model=str(gemma_path), n_ctx=512)) as gemma:  # no head ships for Gemma
+        with pytest.raises(SpecDeckError, match=r"specinfer \(medusa, mtp-trained\) needs a Medusa head trained"):
+            gemma.drafter("specinfer", SamplingSettings(), drafters="pld,medusa,mtp-trained")
 
 
 def test_real_model_specinfer_matches_plain_greedy(smollm_session):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Hashable, TypeVar
+from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 
@@ -148,6 +148,8 @@ class MethodSpec:
     datastore_required: bool = False
     # What a session must offer for these settings; ``requires`` is the answer for the defaults.
     requires_for: Callable[[Any], frozenset[str]] | None = None
+    # The methods a merging method runs for these settings: a refusal names the ones that lack something.
+    parts: Callable[[Any], Sequence[str]] | None = None
     # Plain decoding: drafts nothing, and every other method's speed and output are measured
     # against it (exactly one method is the baseline).
     baseline: bool = False
@@ -165,6 +167,12 @@ class MethodSpec:
         if getattr(settings, "head", ""):
             needs = frozenset(r for r in needs if not r.startswith(HEAD_PREFIX))
         return needs
+
+    def parts_needing(self, settings: Any, missing: frozenset[str]) -> list[str]:
+        """The merged methods (``parts``) that need something in ``missing``: "specinfer needs an
+        MTP head" leaves a user to guess which of the drafters they listed wants it."""
+        names = self.parts(settings) if self.parts is not None else []
+        return [n for n in names if method_spec(n).requirements(method_spec(n).settings()) & missing]
 
     @property
     def needs_datastore(self) -> bool:
@@ -572,6 +580,7 @@ REGISTRY: dict[str, MethodSpec] = {
             _build_specinfer,
             requires=frozenset({TREE, DRAFT_MODEL, ROLLBACK}),
             requires_for=_specinfer_requires,
+            parts=lambda settings: settings.names,
             prior_acceptance=MappingProxyType({"chat": 0.6, "summarize": 0.7, "code": 0.7, "rag": 0.7}),
             prior_draft=8,
             pool_bytes=PLDDrafter.pool_bytes,
