@@ -436,6 +436,45 @@ def test_an_answer_the_gate_kept_from_drafting_says_why_with_the_speed_it_measur
     assert answer(lost, adaptive=False).stats.declined == ""
 
 
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_a_head_after_prompt_lookup_in_a_cascade_drafts_only_where_the_lookup_found_nothing(oracle_eagle, penalty):
+    """``specinfer`` with ``cascade``: prompt lookup first, the head after it. The head runs only on
+    steps where the lookup had no guess, yet its cache takes the true state of every position in
+    turn (the lookup's steps' too, caught up at its next step), so it drafts from where the text
+    is; output equals plain greedy decoding."""
+    from backends.drafters.pld import PLDDrafter, PLDSettings
+    from backends.drafters.specinfer import SpecInferDrafter
+
+    steps: list[tuple[int, ...]] = []  # per step, each drafter's proposal size
+    fed: list[list[int]] = []  # per answer, the positions of the rows the head's cache took
+
+    class Head(EagleDrafter):
+        def begin(self, prompt, hidden=None):
+            super().begin(prompt, hidden)
+            fed.append([])
+
+        def _run_rows(self, pending):
+            fed[-1].extend(row[2] for row in pending)
+            return super()._run_rows(pending)
+
+    class Watched(SpecInferDrafter):
+        def propose(self, context, budget):
+            proposal = super().propose(context, budget)
+            steps.append(tuple(p.size for p in self._last))
+            return proposal
+
+    head = EagleHead(oracle_eagle, embed)
+    settings = EagleSettings(top_k=2, expand=2, depth=3, max_nodes=4, adaptive=False)
+    accepted = accepted_matching_plain_greedy(
+        lambda: Watched([PLDDrafter(PLDSettings(min_ngram=1), costs=COSTS), Head(head, settings, costs=COSTS)],
+                        costs=COSTS, cascade=True), method="specinfer", penalty=penalty)
+    assert not [s for s in steps if s[0] and s[1]], "both drafted one step"
+    assert sum(1 for s in steps if s[0]) > 20 and sum(1 for s in steps if s[1]) > 20, steps
+    for positions in filter(None, fed):
+        assert positions == list(range(positions[0], positions[0] + len(positions))), positions
+    assert accepted > 48
+
+
 def test_a_head_whose_gate_stays_shut_asks_for_no_states_and_drafts_as_if_it_had(oracle_eagle):
     """While no re-try is due for ``IDLE_ROWS`` steps, a step asks the target for no hidden states
     (llama.cpp's cost about 1% of an F16 forward); the steps before a re-try do, so each re-try

@@ -84,13 +84,17 @@ def test_smollm2_eagle2_with_the_shipped_head_matches_plain_greedy(smollm_sessio
                             {"adaptive": False, "top_k": top_k, "expand": top_k, "depth": 4, "max_nodes": 8})
 
 
+@pytest.mark.parametrize("cascade", [False, True], ids=["merged", "cascade"])
 @pytest.mark.parametrize("head", ["eagle3-native", "medusa"])
-def test_smollm2_a_head_merged_with_prompt_lookup_reads_the_state_of_every_token(smollm_session, head):
+def test_smollm2_a_head_merged_with_prompt_lookup_reads_the_state_of_every_token(smollm_session, head, cascade):
     """``specinfer`` merging prompt lookup with a trained head: where prompt lookup's nodes are
     accepted past the head's own, the head must still read those tokens' states (llama.cpp's
     EAGLE-3 chain refused the gap mid-answer: "rows must continue the cache"; Medusa drafted from a
-    stale state). Every tree is verified whole (fixed sizes); outputs equal plain greedy's."""
-    check_method_matches_ar(smollm_session, "specinfer", {"drafters": f"pld,{head}", "adaptive": False})
+    stale state). With ``cascade`` the head does not run at all on prompt lookup's steps and
+    catches up on their states later. Every tree is verified whole (fixed sizes); outputs equal
+    plain greedy's."""
+    check_method_matches_ar(smollm_session, "specinfer", {"drafters": f"pld,{head}", "adaptive": False,
+                                                          "cascade": cascade})
 
 
 def test_smollm2_eagle2_sampling_keeps_the_model_distribution(smollm_session):

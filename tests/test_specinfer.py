@@ -175,10 +175,11 @@ def _cheap_draft(session, monkeypatch, share: float = 0.05) -> None:
 
 
 def plain_arms(auto) -> list[str]:
-    """auto's arms less the trained-head methods (whether those join depends on the machine)."""
-    from backends.drafters import HEAD_ARMS
+    """auto's arms less those with a trained head (whether those join depends on the machine)."""
+    from backends.drafters import HEAD_ARMS, head_arm
 
-    return [a for a in auto.arms if a not in HEAD_ARMS]
+    heads = {head_arm(text, head) for text in ("pld", "rest") for head in HEAD_ARMS}
+    return [a for a in auto.arms if a not in heads]
 
 
 def test_auto_and_specinfer_leave_out_a_draft_model_that_cannot_pay(smollm_session, monkeypatch):
@@ -369,6 +370,35 @@ def test_a_lone_proposal_is_verified_as_its_drafter_sized_it():
     assert silent.seen.drafted == 0 and silent.seen.tokens == (5, 6, 3)
 
 
+def test_a_cascade_lets_the_first_drafter_with_a_guess_draft_alone_and_the_rest_wait():
+    """``cascade``: the first drafter in order that has a guess drafts the step alone, sized as it
+    sized it; those after it are asked with room for nothing (they keep their place in the text
+    but spend nothing); where the first has nothing, the next gets the whole budget. Each observes
+    the verdict as its own proposal saw it."""
+    from backends.core.costs import CostModel
+    from backends.core.types import Budget
+
+    class Heard(_Fixed):
+        def propose(self, context, budget):
+            self.budget = budget
+            return super().propose(context, budget) if budget.max_nodes else Proposal()
+
+    cpu = CostModel.from_relative([1.0, 1.3, 1.5, 2.4, 2.6, 3.0, 3.2, 3.4, 3.6])
+    full = Budget(max_nodes=64, max_depth=64)
+    lookup, head = Heard([5, 6, 7, 8], [0.95, 0.9, 0.1, 0.05]), Heard([5, 9], [0.6, 0.3])
+    cascade = SpecInferDrafter([lookup, head], costs=cpu, cascade=True)
+    assert cascade.propose([1, 2, 3], full).tokens == (5, 6, 7, 8)  # not merged with the head's 5 -> 9
+    assert lookup.budget == full and head.budget.max_nodes == 0 and head.budget.max_depth == 0
+    cascade.observe(TargetOutput(logits=np.zeros((5, 16), np.float32), seconds=0.01),
+                    Verdict(path=(0,), tokens=(5, 9), drafted=4, draft_depth=4))
+    assert lookup.seen.path == (0,) and head.seen.drafted == 0 and head.seen.tokens == (5, 9)
+
+    lookup.tokens, lookup.probs = [], []  # the lookup finds nothing: the head drafts with the whole budget
+    assert cascade.propose([1, 2, 3, 5, 9], full).tokens == (5, 9) and head.budget == full
+    merged = SpecInferDrafter([Heard([5, 6], [0.95, 0.9]), Heard([5, 9], [0.9, 0.8])], costs=cpu)
+    assert merged.propose([1, 2, 3], full).tokens == (5, 6, 9)  # without cascade: one tree of both
+
+
 def test_auto_plays_a_trained_head_only_where_it_could_pay(smollm_session, monkeypatch):
     """The shipped heads join auto's arms where verifying more rows costs little next to a
     forward (a GPU), and stay out where it costs nearly double (these 2 CPU cores)."""
@@ -379,8 +409,12 @@ def test_auto_plays_a_trained_head_only_where_it_could_pay(smollm_session, monke
         return list(smollm_session.drafter("auto", SamplingSettings()).arms)
 
     gpu_like = arms_with([1.0 + 0.01 * k for k in range(65)], forward_s=1.0)
-    assert "eagle2" in gpu_like and "medusa" in gpu_like
+    assert "pld then eagle2" in gpu_like and "pld then medusa" in gpu_like
     steep = arms_with([1.0] + [2.0 + 0.3 * k for k in range(64)], forward_s=1.0)
-    assert "eagle2" not in steep and "medusa" not in steep
+    assert not [a for a in steep if " then " in a]  # no head joins
     drafter = smollm_session.drafter("auto", SamplingSettings())
     assert drafter.requires == frozenset().union(*(d.requires for d in drafter.arms.values()))
+    monkeypatch.setattr(smollm_session, "_costs", CostModel({16: [1.0 + 0.01 * k for k in range(65)]}))
+    behind = smollm_session.drafter("auto", SamplingSettings()).arms["pld then eagle2"]
+    # the head drafts behind prompt lookup, only where the lookup has no guess
+    assert behind.cascade and [type(d).__name__ for d in behind.drafters] == ["PLDDrafter", "EagleDrafter"]

@@ -6,6 +6,12 @@ one trie (``backends.drafters.merge``) that the planner cuts, and each then sees
 projected onto its own proposal, so it learns what its own nodes won (and a draft model's cache
 follows the text). Example: pld ``the cat sat``, draft ``the dog``: the tree is ``the -> (cat ->
 sat, dog)``; if the target says ``the dog ran``, pld's projection accepts 1 of 3, draft's 2 of 2.
+
+``cascade``: instead of merging, the first drafter in the listed order that has a guess drafts
+the step alone, and those after it are not run (they are asked with an empty budget, so they
+keep their place in the text and the rows of the states they read). A lookup that costs
+microseconds first, a head whose every step costs a forward after it: the head runs only where
+the lookup found nothing, instead of every step beside it.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class SpecInferSettings:
     drafters: str = "draft,pld"  # comma-separated methods whose proposals are merged
     rest_datastore: str = field(default="", metadata=DATASTORE_FILE)  # the datastore when the drafters include rest
     adaptive: bool = True  # passed on: False makes every drafter propose its full length
+    cascade: bool = False  # True: the first drafter in order with a guess drafts the step alone, the rest wait
 
     def __post_init__(self) -> None:
         names = self.names
@@ -50,9 +57,11 @@ class SpecInferDrafter(Drafter):
     it goes through the planner, each node with the best chance a drafter gave it. A lone proposal
     goes as it is (sized for exactly that). ``costs`` is the one its drafters observe too."""
 
-    def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None, playing: str = "") -> None:
-        """``playing``: which drafters run, when the registry left one out (shown in stats)."""
-        self.playing = playing
+    def __init__(self, drafters: Sequence[Drafter], *, costs: CostModel | None = None, playing: str = "",
+                 cascade: bool = False) -> None:
+        """``playing``: which drafters run, when the registry left one out (shown in stats);
+        ``cascade``: see the module docstring."""
+        self.playing, self.cascade = playing, cascade
         self.drafters = list(drafters)
         self.requires = frozenset({TREE}).union(*(d.requires for d in self.drafters))
         self.prompt_states, self.state_layers, self._blocks = states_of(self.drafters)
@@ -67,7 +76,10 @@ class SpecInferDrafter(Drafter):
 
     def propose(self, context: Sequence[int], budget: Budget) -> Proposal:
         self._context_len = len(context)
-        self._last = [drafter.propose(context, budget).pruned(budget) for drafter in self.drafters]
+        if self.cascade:
+            self._last = self._first_with_a_guess(context, budget)
+        else:
+            self._last = [drafter.propose(context, budget).pruned(budget) for drafter in self.drafters]
         live = [prop for prop in self._last if prop.size]
         if len(live) <= 1:  # nobody drafts (the common case on a CPU), or one proposal, sized by its
             # drafter for being verified alone: nothing to merge or re-size
@@ -77,6 +89,17 @@ class SpecInferDrafter(Drafter):
         chosen = select(tree, plan_nodes(tree.proposal, self.costs.relative(len(context)), budget))
         self._maps = chosen.maps
         return chosen.proposal
+
+    def _first_with_a_guess(self, context: Sequence[int], budget: Budget) -> list[Proposal]:
+        """Each drafter's proposal, where only the first with a guess got ``budget``: the others
+        after it were asked with room for nothing (a drafter's way of hearing "not this step"), so
+        a head spends no forward and its gate books no step, yet still sees where the text is."""
+        waiting = replace(budget, max_nodes=0, max_depth=0)
+        out: list[Proposal] = []
+        for drafter in self.drafters:
+            taken = any(prop.size for prop in out)
+            out.append(drafter.propose(context, waiting if taken else budget).pruned(budget))
+        return out
 
     def observe(self, out: TargetOutput, verdict: Verdict) -> None:
         self.costs.observe(verdict.drafted, self._context_len, out.seconds)
