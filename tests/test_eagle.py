@@ -475,6 +475,35 @@ def test_a_head_after_prompt_lookup_in_a_cascade_drafts_only_where_the_lookup_fo
     assert accepted > 48
 
 
+def test_a_cascade_asks_for_no_states_while_its_head_gate_stays_shut(oracle_eagle):
+    """Prompt lookup, then a head whose gate found drafting loses: the steps before the head's
+    next re-try ask the target for no hidden states, the lookup's steps included (it reads none);
+    the output stays plain decoding's."""
+    from backends.core.controller import RUN, Bandit
+    from backends.drafters.pld import PLDDrafter, PLDSettings
+    from backends.drafters.specinfer import SpecInferDrafter
+
+    gate = Bandit([RUN], baseline="off", min_tries=1, decay=0.99, explore_share=0.05)
+    for _ in range(20):
+        gate.update(RUN, 1.0, 10.0)  # drafting lost here so far: re-tried every ~150 steps
+    head = EagleDrafter(EagleHead(oracle_eagle, embed), EagleSettings(), costs=COSTS, gate=gate)
+    cascade = SpecInferDrafter([PLDDrafter(PLDSettings(min_ngram=1), costs=COSTS), head], costs=COSTS, cascade=True)
+    oracle = OracleTarget(VOCAB, seed=7, hidden_size=WIDE, n_ctx=2048)
+    asked, looked_up, verify = [], [], oracle.verify
+
+    def verify_noting(root: int, proposal):
+        asked.append(proposal.states)
+        looked_up.append(proposal.size > 0 and not proposal.states)
+        return verify(root, proposal)
+
+    oracle.verify = verify_noting
+    finished = list(generate(oracle, cascade, oracle_prompt(5), GenerationSettings(max_new_tokens=600)))[-1]
+    assert list(finished.tokens) == plain_greedy(OracleTarget(VOCAB, seed=7, hidden_size=WIDE), oracle_prompt(5),
+                                                 600, SamplingSettings())
+    assert asked.count(False) > len(asked) / 2, f"{asked.count(False)} of {len(asked)} steps went without states"
+    assert any(looked_up) and finished.stats.drafted > 0
+
+
 def test_a_head_whose_gate_stays_shut_asks_for_no_states_and_drafts_as_if_it_had(oracle_eagle):
     """While no re-try is due for ``IDLE_ROWS`` steps, a step asks the target for no hidden states
     (llama.cpp's cost about 1% of an F16 forward); the steps before a re-try do, so each re-try

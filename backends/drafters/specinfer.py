@@ -24,7 +24,7 @@ import numpy as np
 from backends.core.costs import CostModel
 from backends.core.planner import plan_nodes
 from backends.core.protocols import Drafter, pick_states, states_of
-from backends.core.types import EMPTY_PROPOSAL, TREE, Budget, Proposal, TargetOutput, Verdict
+from backends.core.types import EMPTY_PROPOSAL, HIDDEN_STATES, TREE, Budget, Proposal, TargetOutput, Verdict
 from backends.drafters.merge import merge, project, select
 from backends.models.datastore import DATASTORE_FILE
 
@@ -84,11 +84,18 @@ class SpecInferDrafter(Drafter):
         if len(live) <= 1:  # nobody drafts (the common case on a CPU), or one proposal, sized by its
             # drafter for being verified alone: nothing to merge or re-size
             self._maps = tuple(tuple(range(prop.size)) for prop in self._last)
-            return live[0] if live else EMPTY_PROPOSAL
+            alone = live[0] if live else EMPTY_PROPOSAL
+            return alone if self._states_wanted() else replace(alone, states=False)
         tree = merge(self._last)
         chosen = select(tree, plan_nodes(tree.proposal, self.costs.relative(len(context)), budget))
         self._maps = chosen.maps
         return chosen.proposal
+
+    def _states_wanted(self) -> bool:
+        """Whether a drafter that reads hidden states reads this step's: a head whose gate stays
+        shut for a while says not (``Proposal.states``), and neither does a lookup, which reads
+        none, so a lookup's step before such a head costs no state extraction."""
+        return any(prop.states for drafter, prop in zip(self.drafters, self._last) if HIDDEN_STATES in drafter.requires)
 
     def _first_with_a_guess(self, context: Sequence[int], budget: Budget) -> list[Proposal]:
         """Each drafter's proposal, where only the first with a guess got ``budget``: the others
