@@ -22,7 +22,7 @@ from backends.core.protocols import Drafter
 from backends.core.settings import Settings, bounded
 from backends.core.types import EMPTY_PROPOSAL, ROLLBACK, TREE, Budget, Proposal, RankedTree, TargetOutput, Verdict
 from backends.drafters.pld import PLDDrafter
-from backends.models.datastore import DATASTORE_FILE, Continuations, Datastore
+from backends.models.datastore import DATASTORE_FILE, Datastore
 
 
 @dataclass(frozen=True)
